@@ -1,0 +1,1 @@
+//! The StatefulSet drain controller: observe → validate → plan → act → report.
