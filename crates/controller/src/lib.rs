@@ -1,1 +1,6 @@
 //! The StatefulSet drain controller: observe → validate → plan → act → report.
+
+pub mod config;
+#[cfg(test)]
+pub mod fixtures;
+pub mod template;

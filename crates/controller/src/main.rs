@@ -1,1 +1,2 @@
+//! `statefulset-drain-controller`: parses the command line and runs the controller.
 fn main() {}

@@ -1,1 +1,120 @@
-//! The example datastore.
+//! The example datastore: a partitioned key-value HTTP service keeping one file per record.
+//!
+//! Which server holds a key is the client's choice (the project's clients use
+//! `drainer::placement::owner` over the StatefulSet's ordinals); each server only stores what
+//! it is given. `PUT /records/{key}` answers `204` only after the record is durably on disk,
+//! which is what the drainer relies on before deleting its own copy.
+
+pub mod cli;
+pub mod client;
+pub mod http;
+pub mod store;
+
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+pub use client::Client;
+pub use store::{Key, Store};
+
+/// Errors that stop the service.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The data directory could not be opened.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The listen address could not be bound.
+    #[error("failed to listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The signal handlers could not be installed.
+    #[error("failed to install signal handlers")]
+    Signal(#[source] std::io::Error),
+    /// The server failed while serving.
+    #[error("server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Errors setting up logging.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The filter text is invalid.
+    #[error("invalid log filter {filter:?}")]
+    Filter {
+        /// The filter text.
+        filter: String,
+        /// The cause.
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// A global subscriber was already installed.
+    #[error("failed to install the log subscriber")]
+    Install(#[source] tracing_subscriber::util::TryInitError),
+}
+
+/// Installs the global `tracing` subscriber: `filter` in `EnvFilter` syntax, JSON or plain text.
+pub fn init_tracing(filter: &str, json: bool) -> Result<(), LogError> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(filter).map_err(|source| LogError::Filter {
+            filter: filter.to_owned(),
+            source,
+        })?;
+    let registry = tracing_subscriber::registry().with(filter);
+    if json {
+        registry
+            .with(tracing_subscriber::fmt::layer().json())
+            .try_init()
+    } else {
+        registry.with(tracing_subscriber::fmt::layer()).try_init()
+    }
+    .map_err(LogError::Install)
+}
+
+/// Runs the service with `args` until SIGTERM or SIGINT, then shuts down gracefully.
+pub async fn run(args: cli::Args) -> Result<(), RunError> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        data_dir = %args.data_dir.display(),
+        listen = %args.listen,
+        "starting datastore"
+    );
+    let store = Store::open(&args.data_dir)?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(RunError::Signal)?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM, shutting down"),
+            _ = int.recv() => tracing::info!("received SIGINT, shutting down"),
+        }
+    };
+    http::serve(listener, store, shutdown)
+        .await
+        .map_err(RunError::Serve)?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `error` and its sources, joined with `: `.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

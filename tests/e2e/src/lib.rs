@@ -1,1 +1,186 @@
-//! Fixtures for the end-to-end tests.
+//! Fixtures for the end-to-end tests: the real local cluster of `tests/cluster`, a namespace per
+//! test that is removed afterwards, object builders and polling helpers.
+//!
+//! The cluster comes from `STSD_KUBECONFIG` when set (the test command sets it after
+//! `tests/cluster/up`); otherwise the first test of a binary runs `tests/cluster/up` itself, which
+//! is idempotent. A test never skips: no cluster is a loud failure.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+pub mod objects;
+
+/// Root of the repository.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
+}
+
+/// Path of the admin kubeconfig of the local cluster, bringing the cluster up if needed.
+pub fn kubeconfig_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Ok(p) = std::env::var("STSD_KUBECONFIG") {
+            return PathBuf::from(p);
+        }
+        let up = repo_root().join("tests/cluster/up");
+        let out = std::process::Command::new(&up)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", up.display()));
+        assert!(
+            out.status.success(),
+            "tests/cluster/up failed ({}): the end-to-end tests need the local cluster",
+            out.status
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .expect("up printed the kubeconfig path")
+                .trim(),
+        )
+    })
+    .clone()
+}
+
+/// A client for the local cluster, as its admin.
+pub async fn client() -> Client {
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path).expect("read kubeconfig");
+    let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(cfg).expect("client")
+}
+
+/// The `kubectl` the harness built, for tests that show what a user types.
+pub fn kubectl() -> std::process::Command {
+    let root = repo_root();
+    let version = std::fs::read_to_string(root.join("tests/cluster/go/kubernetes/go.mod"))
+        .expect("go.mod")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("require k8s.io/kubernetes ")
+                .map(str::to_owned)
+        })
+        .expect("kubernetes version");
+    let cache = std::env::var("STSD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/statefulset-drain")
+        });
+    let mut cmd =
+        std::process::Command::new(cache.join(format!("bin/kubernetes-{version}/kubectl")));
+    cmd.arg("--kubeconfig").arg(kubeconfig_path());
+    cmd
+}
+
+/// A namespace of its own for one test; deleted (with everything in it) when dropped.
+pub struct TestNamespace {
+    /// The namespace's name.
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates `e2e-<prefix>-<random>`.
+    pub async fn new(client: &Client, prefix: &str) -> Result<Self> {
+        let suffix = format!(
+            "{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_nanos()
+                & 0xffffff
+        );
+        let name = format!("e2e-{prefix}-{suffix}");
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"statefulset-drain/e2e": "true"}}
+        }))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("create namespace {name}"))?;
+        // Pods need the namespace's default service account.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        wait_for(
+            Duration::from_secs(30),
+            "default service account",
+            || async { Ok(sa.get_opt("default").await?.is_some()) },
+        )
+        .await?;
+        Ok(Self {
+            name,
+            client: client.clone(),
+        })
+    }
+
+    /// A namespaced API in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let path = kubeconfig_path();
+        // Drop may run inside a runtime: delete from a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let kc = Kubeconfig::read_from(&path)?;
+                let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+                let client = Client::try_from(cfg)?;
+                Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await?;
+                anyhow::Ok(())
+            })
+        })
+        .join();
+    }
+}
+
+/// Polls `check` every 100 ms until it returns true; fails after `timeout`, naming `what`.
+pub async fn wait_for<F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > timeout {
+            match last_err {
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

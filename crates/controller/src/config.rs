@@ -1,0 +1,252 @@
+//! A StatefulSet's drain settings, parsed and validated once from its annotations.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drain_api::annotations;
+use k8s_openapi::api::apps::v1::StatefulSet;
+
+/// What a scale-up does to a drain in flight for an ordinal that comes back in range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnScaleUp {
+    /// The drain completes; the returning pod gets a fresh claim (annotation value `finish`).
+    #[default]
+    Finish,
+    /// The drain pod is deleted; the returning pod gets its claims back (annotation value `cancel`).
+    Cancel,
+}
+
+/// The drain settings of one StatefulSet, from its annotations; every value is already valid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainConfig {
+    /// Most drain pods that run at once; `None` when unset (see [`DrainConfig::concurrency_limit`]).
+    pub max_concurrent: Option<u32>,
+    /// What a scale-up does to a drain in flight.
+    pub on_scale_up: OnScaleUp,
+    /// Whether drain pods inherit placement and identity fields from the set's pod template.
+    pub inherit_pod_spec: bool,
+    /// Most failed attempts per ordinal before retrying stops; `None` is unlimited.
+    pub max_attempts: Option<u32>,
+    /// Time after an ordinal's first attempt after which retrying stops; `None` is unlimited.
+    pub deadline: Option<Duration>,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: None,
+            on_scale_up: OnScaleUp::Finish,
+            inherit_pod_spec: true,
+            max_attempts: None,
+            deadline: None,
+        }
+    }
+}
+
+/// A drain annotation whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The annotation's value is not one the annotation accepts.
+    #[error("invalid value {value:?} for annotation {annotation}: expected {expected}")]
+    InvalidValue {
+        /// The annotation key.
+        annotation: &'static str,
+        /// The value found.
+        value: String,
+        /// What the annotation accepts, in a few words.
+        expected: &'static str,
+    },
+}
+
+impl ConfigError {
+    /// A short stable reason, used as Kubernetes Event reason and metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidValue { .. } => "InvalidDrainAnnotation",
+        }
+    }
+}
+
+const POSITIVE_INTEGER: &str = "a positive integer";
+
+impl DrainConfig {
+    /// Reads the drain annotations of a StatefulSet; absent annotations take their defaults.
+    ///
+    /// Values are trimmed of surrounding whitespace; words are case-sensitive. The first invalid
+    /// annotation (in the order of the fields of [`DrainConfig`]) is reported.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let get = |key: &'static str| annotations.get(key).map(|value| (key, value.as_str()));
+        let mut config = Self::default();
+        if let Some((key, value)) = get(annotations::MAX_CONCURRENT) {
+            config.max_concurrent = Some(positive(key, value)?);
+        }
+        if let Some((key, value)) = get(annotations::ON_SCALE_UP) {
+            config.on_scale_up = match value.trim() {
+                "finish" => OnScaleUp::Finish,
+                "cancel" => OnScaleUp::Cancel,
+                _ => return Err(invalid(key, value, "finish or cancel")),
+            };
+        }
+        if let Some((key, value)) = get(annotations::INHERIT_POD_SPEC) {
+            config.inherit_pod_spec = match value.trim() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(invalid(key, value, "true or false")),
+            };
+        }
+        if let Some((key, value)) = get(annotations::MAX_ATTEMPTS) {
+            config.max_attempts = Some(positive(key, value)?);
+        }
+        if let Some((key, value)) = get(annotations::DEADLINE_SECONDS) {
+            let seconds = value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&seconds| seconds > 0)
+                .ok_or_else(|| invalid(key, value, POSITIVE_INTEGER))?;
+            config.deadline = Some(Duration::from_secs(seconds));
+        }
+        Ok(config)
+    }
+
+    /// Reads the drain annotations of `set` (see [`DrainConfig::from_annotations`]).
+    pub fn from_set(set: &StatefulSet) -> Result<Self, ConfigError> {
+        match &set.metadata.annotations {
+            Some(annotations) => Self::from_annotations(annotations),
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// Most drain pods of `set` that may run at once; `None` is unlimited.
+    ///
+    /// The annotation wins; without it, `Parallel` sets are unlimited and `OrderedReady` sets
+    /// (the Kubernetes default when the policy is unset) drain one ordinal at a time.
+    pub fn concurrency_limit(&self, set: &StatefulSet) -> Option<u32> {
+        if self.max_concurrent.is_some() {
+            return self.max_concurrent;
+        }
+        let policy = set
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.pod_management_policy.as_deref());
+        match policy {
+            Some("Parallel") => None,
+            _ => Some(1),
+        }
+    }
+}
+
+fn positive(annotation: &'static str, value: &str) -> Result<u32, ConfigError> {
+    value
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| invalid(annotation, value, POSITIVE_INTEGER))
+}
+
+fn invalid(annotation: &'static str, value: &str, expected: &'static str) -> ConfigError {
+    ConfigError::InvalidValue {
+        annotation,
+        value: value.to_owned(),
+        expected,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::SetBuilder;
+    use rstest::rstest;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<DrainConfig, ConfigError> {
+        let map = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        DrainConfig::from_annotations(&map)
+    }
+
+    #[test]
+    fn defaults_without_annotations() {
+        assert_eq!(parse(&[]), Ok(DrainConfig::default()));
+        let config = DrainConfig::default();
+        assert_eq!(config.on_scale_up, OnScaleUp::Finish);
+        assert!(config.inherit_pod_spec);
+        assert_eq!(config.max_concurrent, None);
+        assert_eq!(config.max_attempts, None);
+        assert_eq!(config.deadline, None);
+    }
+
+    #[test]
+    fn reads_every_annotation() {
+        let config = parse(&[
+            (annotations::MAX_CONCURRENT, "3"),
+            (annotations::ON_SCALE_UP, "cancel"),
+            (annotations::INHERIT_POD_SPEC, "false"),
+            (annotations::MAX_ATTEMPTS, " 5 "),
+            (annotations::DEADLINE_SECONDS, "600"),
+            ("unrelated.example.com/key", "anything"),
+        ]);
+        assert_eq!(
+            config,
+            Ok(DrainConfig {
+                max_concurrent: Some(3),
+                on_scale_up: OnScaleUp::Cancel,
+                inherit_pod_spec: false,
+                max_attempts: Some(5),
+                deadline: Some(Duration::from_secs(600)),
+            })
+        );
+    }
+
+    #[rstest]
+    #[case::on_scale_up_finish(annotations::ON_SCALE_UP, "finish")]
+    #[case::inherit_true(annotations::INHERIT_POD_SPEC, "true")]
+    #[case::max_concurrent_one(annotations::MAX_CONCURRENT, "1")]
+    fn accepts(#[case] annotation: &str, #[case] value: &str) {
+        assert!(parse(&[(annotation, value)]).is_ok());
+    }
+
+    #[rstest]
+    #[case::max_concurrent_zero(annotations::MAX_CONCURRENT, "0")]
+    #[case::max_concurrent_negative(annotations::MAX_CONCURRENT, "-1")]
+    #[case::max_concurrent_word(annotations::MAX_CONCURRENT, "many")]
+    #[case::max_concurrent_empty(annotations::MAX_CONCURRENT, "")]
+    #[case::on_scale_up_unknown(annotations::ON_SCALE_UP, "abort")]
+    #[case::on_scale_up_capitalised(annotations::ON_SCALE_UP, "Cancel")]
+    #[case::inherit_yes(annotations::INHERIT_POD_SPEC, "yes")]
+    #[case::max_attempts_zero(annotations::MAX_ATTEMPTS, "0")]
+    #[case::max_attempts_fraction(annotations::MAX_ATTEMPTS, "1.5")]
+    #[case::deadline_zero(annotations::DEADLINE_SECONDS, "0")]
+    #[case::deadline_with_unit(annotations::DEADLINE_SECONDS, "10m")]
+    fn rejects(#[case] annotation: &str, #[case] value: &str) {
+        let error = parse(&[(annotation, value)]).unwrap_err();
+        assert_eq!(error.reason(), "InvalidDrainAnnotation");
+        let message = error.to_string();
+        assert!(message.contains(annotation), "{message}");
+        assert!(message.contains(&format!("{value:?}")), "{message}");
+    }
+
+    #[rstest]
+    #[case::ordered_ready_default(None, None, Some(1))]
+    #[case::ordered_ready(Some("OrderedReady"), None, Some(1))]
+    #[case::parallel(Some("Parallel"), None, None)]
+    #[case::annotation_wins(Some("Parallel"), Some("4"), Some(4))]
+    fn concurrency_limit(
+        #[case] policy: Option<&str>,
+        #[case] annotation: Option<&str>,
+        #[case] expected: Option<u32>,
+    ) {
+        let mut builder = SetBuilder::new("web");
+        if let Some(policy) = policy {
+            builder = builder.pod_management_policy(policy);
+        }
+        if let Some(value) = annotation {
+            builder = builder.annotation(annotations::MAX_CONCURRENT, value);
+        }
+        let set = builder.build();
+        let config = DrainConfig::from_set(&set).unwrap();
+        assert_eq!(config.concurrency_limit(&set), expected);
+    }
+}

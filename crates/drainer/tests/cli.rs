@@ -1,0 +1,156 @@
+//! The `drainer` binary as a drain pod runs it: exit codes, environment, signal forwarding.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// The drainer with a clean environment: no Kubernetes configuration anywhere.
+fn drainer(home: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_drainer"));
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("RUST_LOG", "debug")
+        .env("DRAIN_STATEFULSET", "datastore")
+        .env("DRAIN_NAMESPACE", "test")
+        .env("DRAIN_ORDINAL", "2")
+        .env("DRAIN_REPLICAS", "2")
+        .env("DRAIN_ORDINALS_START", "0")
+        .env("DRAIN_POD_NAME", "datastore-2")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `command` to completion, capturing its output (the drainer logs to stderr).
+fn run(command: &mut Command) -> (Option<i32>, String) {
+    let Output { status, stderr, .. } = command.output().unwrap();
+    (status.code(), String::from_utf8_lossy(&stderr).into_owned())
+}
+
+#[test]
+fn exec_exit_codes_pass_through() {
+    let home = tempfile::tempdir().unwrap();
+    let (code, stderr) =
+        run(drainer(home.path()).args(["exec", "--no-peers", "--", "sh", "-c", "exit 3"]));
+    assert_eq!(code, Some(3), "{stderr}");
+    let (code, stderr) = run(drainer(home.path()).args(["exec", "--", "true"]));
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn exec_without_a_cluster_still_runs_the_hook_with_the_context() {
+    let home = tempfile::tempdir().unwrap();
+    let out = home.path().join("env");
+    let (code, stderr) = run(drainer(home.path()).env("OUT", &out).args([
+        "exec",
+        "--data-dir",
+        "/mnt/claim",
+        "--",
+        "sh",
+        "-c",
+        r#"env > "$OUT""#,
+    ]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let env = std::fs::read_to_string(&out).unwrap();
+    for line in [
+        "DRAIN_STATEFULSET=datastore",
+        "DRAIN_NAMESPACE=test",
+        "DRAIN_ORDINAL=2",
+        "DRAIN_REPLICAS=2",
+        "DRAIN_ORDINALS_START=0",
+        "DRAIN_POD_NAME=datastore-2",
+        "DRAIN_DATA_DIR=/mnt/claim",
+        "DRAIN_PEERS=",
+    ] {
+        assert!(env.lines().any(|l| l == line), "{line} missing in:\n{env}");
+    }
+}
+
+#[test]
+fn exec_forwards_sigterm_to_the_hook() {
+    let home = tempfile::tempdir().unwrap();
+    let ready = home.path().join("ready");
+    let out = home.path().join("out");
+    let script = r#"trap 'echo terminated > "$OUT"; exit 7' TERM; touch "$READY"; while :; do sleep 0.05; done"#;
+    let child = drainer(home.path())
+        .env("READY", &ready)
+        .env("OUT", &out)
+        .args(["exec", "--no-peers", "--", "sh", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "hook did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("forwarded signal to hook"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "terminated\n");
+}
+
+#[test]
+fn redistribute_empty_directory_succeeds_without_a_cluster() {
+    let home = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (code, stderr) = run(drainer(home.path())
+        .args(["redistribute", "--data-dir"])
+        .arg(data.path()));
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn redistribute_failures_exit_1_and_keep_the_data() {
+    let home = tempfile::tempdir().unwrap();
+    let (code, stderr) = run(drainer(home.path())
+        .args(["redistribute", "--data-dir"])
+        .arg(home.path().join("missing")));
+    assert_eq!(code, Some(drain_api::exit_codes::FAILURE), "{stderr}");
+
+    // Records but no Kubernetes API to find peers: fails at once, nothing deleted.
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("k1"), b"v1").unwrap();
+    let output = drainer(home.path())
+        .args(["redistribute", "--round-delay", "10ms", "--data-dir"])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(drain_api::exit_codes::FAILURE));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("failed to discover peers"), "{stderr}");
+    assert_eq!(std::fs::read(data.path().join("k1")).unwrap(), b"v1");
+}
+
+#[test]
+fn redistribute_needs_the_drain_context() {
+    let home = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let output = drainer(home.path())
+        .env_remove("DRAIN_ORDINAL")
+        .args(["redistribute", "--data-dir"])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(drain_api::exit_codes::FAILURE));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("DRAIN_ORDINAL"));
+}
+
+#[test]
+fn help_lists_both_modes() {
+    let home = tempfile::tempdir().unwrap();
+    let output = drainer(home.path()).arg("--help").output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        help.contains("redistribute") && help.contains("exec"),
+        "{help}"
+    );
+}

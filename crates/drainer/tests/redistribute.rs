@@ -1,0 +1,514 @@
+//! Built-in redistribution against real datastore servers on 127.0.0.1, with fixed peer sets in
+//! place of Kubernetes discovery.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use drainer::peers::{Peer, PeerSet, StaticPeers, Unavailable};
+use drainer::placement;
+use drainer::redistribute::{Options, RedistributeError, redistribute};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use url::Url;
+
+/// A datastore server on an ephemeral port over its own temporary directory; stops when dropped.
+struct Datastore {
+    ordinal: i32,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Datastore {
+    async fn start(ordinal: i32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = datastore::Store::open(dir.path()).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(datastore::http::serve(listener, store, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            ordinal,
+            addr,
+            dir,
+            _stop: stop,
+        }
+    }
+
+    fn peer(&self) -> Peer {
+        peer_at(self.ordinal, self.addr)
+    }
+
+    /// Every record the server holds, read through its API.
+    async fn records(&self) -> BTreeMap<String, Vec<u8>> {
+        let client = datastore::Client::new(&format!("http://{}", self.addr)).unwrap();
+        let mut records = BTreeMap::new();
+        for key in client.list().await.unwrap() {
+            let value = client.get(&key).await.unwrap().unwrap();
+            records.insert(key, value);
+        }
+        records
+    }
+}
+
+fn peer_at(ordinal: i32, addr: SocketAddr) -> Peer {
+    Peer::new(
+        ordinal,
+        format!("datastore-{ordinal}"),
+        Url::parse(&format!("http://{addr}/")).unwrap(),
+    )
+}
+
+/// A peer that answers every request with `status` and counts them.
+async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&hits);
+    let app = axum::Router::new().fallback(move || {
+        let counter = Arc::clone(&counter);
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            (status, "no thanks")
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (peer_at(ordinal, addr), hits)
+}
+
+/// An address nothing listens on (connections are refused).
+async fn dead_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Records of assorted sizes and contents, keyed like a real client's.
+fn records(n: usize) -> BTreeMap<String, Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let value = match i % 4 {
+                0 => Vec::new(),
+                1 => format!("value of record {i}").into_bytes(),
+                2 => (0..=255u8).cycle().skip(i).take(3000).collect(),
+                _ => vec![i as u8; 70_000],
+            };
+            (format!("user-{i:04}"), value)
+        })
+        .collect()
+}
+
+fn write_local(dir: &Path, records: &BTreeMap<String, Vec<u8>>) {
+    for (key, value) in records {
+        std::fs::write(dir.join(key), value).unwrap();
+    }
+}
+
+fn local_records(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| {
+            let name = e.file_name().into_string().unwrap();
+            let value = std::fs::read(e.path()).unwrap();
+            (name, value)
+        })
+        .filter(|(name, _)| !name.starts_with('.'))
+        .collect()
+}
+
+fn options(dir: &Path) -> Options {
+    Options {
+        put_retries: 2,
+        put_retry_delay: Duration::from_millis(5),
+        max_rounds: 2,
+        round_delay: Duration::from_millis(10),
+        request_timeout: Duration::from_secs(10),
+        progress_interval: Duration::from_millis(50),
+        ..Options::new(dir)
+    }
+}
+
+/// The records each ordinal should hold.
+fn expected_by_owner(
+    records: &BTreeMap<String, Vec<u8>>,
+    ordinals: &[i32],
+) -> BTreeMap<i32, BTreeMap<String, Vec<u8>>> {
+    let mut by_owner: BTreeMap<i32, BTreeMap<String, Vec<u8>>> =
+        ordinals.iter().map(|&o| (o, BTreeMap::new())).collect();
+    for (key, value) in records {
+        by_owner
+            .get_mut(&placement::owner(key, ordinals))
+            .unwrap()
+            .insert(key.clone(), value.clone());
+    }
+    by_owner
+}
+
+async fn assert_peers_hold_exactly(
+    servers: &[&Datastore],
+    all: &BTreeMap<String, Vec<u8>>,
+    ordinals: &[i32],
+) {
+    let expected = expected_by_owner(all, ordinals);
+    for server in servers {
+        let held = server.records().await;
+        assert_eq!(
+            held.keys().collect::<Vec<_>>(),
+            expected[&server.ordinal].keys().collect::<Vec<_>>(),
+            "keys on ordinal {}",
+            server.ordinal
+        );
+        assert!(
+            held == expected[&server.ordinal],
+            "values on ordinal {}",
+            server.ordinal
+        );
+        // Stored as one file per record, nothing left half-written.
+        let on_disk: BTreeSet<String> = std::fs::read_dir(server.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(on_disk, held.keys().cloned().collect::<BTreeSet<_>>());
+    }
+}
+
+#[tokio::test]
+async fn moves_every_record_to_its_owner_and_empties_the_directory() {
+    let servers = [
+        Datastore::start(0).await,
+        Datastore::start(1).await,
+        Datastore::start(3).await,
+    ];
+    let ordinals = [0, 1, 3];
+    let peers = StaticPeers(PeerSet::all_ready(servers.iter().map(Datastore::peer)));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(300);
+    write_local(data.path(), &all);
+    // Not records: an unfinished write and the filesystem's lost+found.
+    std::fs::write(data.path().join(".tmp-unfinished"), b"partial").unwrap();
+    std::fs::create_dir(data.path().join("lost+found")).unwrap();
+
+    let summary = redistribute(&options(data.path()), &peers).await.unwrap();
+
+    assert_eq!(summary.records, 300);
+    assert_eq!(
+        summary.bytes,
+        all.values().map(|v| v.len() as u64).sum::<u64>()
+    );
+    assert_eq!(summary.rounds, 1);
+    assert!(local_records(data.path()).is_empty());
+    assert!(data.path().join(".tmp-unfinished").exists());
+    assert!(data.path().join("lost+found").is_dir());
+    let refs: Vec<&Datastore> = servers.iter().collect();
+    assert_peers_hold_exactly(&refs, &all, &ordinals).await;
+    // Each server got a fair part, not everything.
+    for server in &servers {
+        assert!(
+            server.records().await.len() > 50,
+            "ordinal {}",
+            server.ordinal
+        );
+    }
+}
+
+#[tokio::test]
+async fn empty_directory_succeeds_without_discovery() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::create_dir(data.path().join("lost+found")).unwrap();
+    let no_peers = Unavailable {
+        reason: "not needed".to_owned(),
+    };
+    let summary = redistribute(&options(data.path()), &no_peers)
+        .await
+        .unwrap();
+    assert_eq!(summary.records, 0);
+    assert_eq!(summary.rounds, 0);
+}
+
+#[tokio::test]
+async fn bad_data_directories_fail_clearly() {
+    let parent = tempfile::tempdir().unwrap();
+    let peers = StaticPeers(PeerSet::default());
+    let err = redistribute(&options(&parent.path().join("nope")), &peers)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::DataDirMissing { .. }),
+        "{err}"
+    );
+    let file = parent.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = redistribute(&options(&file), &peers).await.unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::DataDirNotADirectory { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn refusing_peer_fails_and_every_file_stays() {
+    let (peer, hits) = fixed_status_peer(0, StatusCode::BAD_REQUEST).await;
+    let peers = StaticPeers(PeerSet::all_ready([peer]));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(40);
+    write_local(data.path(), &all);
+
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+
+    let RedistributeError::PeerRefused {
+        ref source,
+        ref peer,
+        ..
+    } = err
+    else {
+        panic!("want PeerRefused, got {err}");
+    };
+    assert_eq!(peer, "datastore-0");
+    assert!(
+        drainer::error_chain(&err).contains("400"),
+        "{}",
+        drainer::error_chain(&err)
+    );
+    assert!(!source.is_transient());
+    assert!(local_records(data.path()) == all, "local files changed");
+    // A refusal is not retried.
+    assert!(hits.load(Ordering::SeqCst) <= options(data.path()).concurrency);
+}
+
+#[tokio::test]
+async fn refusal_keeps_every_unacknowledged_file() {
+    // One good peer and one refusing one: whatever the good peer acknowledged may be gone
+    // locally, everything else is still there, and nothing is lost.
+    let good = Datastore::start(0).await;
+    let (refusing, _) = fixed_status_peer(1, StatusCode::FORBIDDEN).await;
+    let peers = StaticPeers(PeerSet::all_ready([good.peer(), refusing]));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(60);
+    write_local(data.path(), &all);
+
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::PeerRefused { .. }),
+        "{err}"
+    );
+
+    let local = local_records(data.path());
+    let remote = good.records().await;
+    for (key, value) in &all {
+        let owner = placement::owner(key, &[0, 1]);
+        if owner == 1 {
+            assert_eq!(
+                local.get(key),
+                Some(value),
+                "refused record {key} must stay"
+            );
+        }
+        match (local.get(key), remote.get(key)) {
+            (Some(v), _) | (None, Some(v)) => assert_eq!(v, value, "record {key}"),
+            (None, None) => panic!("record {key} lost"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_ready_peers_fails_and_every_file_stays() {
+    let data = tempfile::tempdir().unwrap();
+    let all = records(10);
+    write_local(data.path(), &all);
+
+    let not_ready = StaticPeers(PeerSet {
+        members: vec![0, 1],
+        ready: BTreeMap::new(),
+    });
+    let err = redistribute(&options(data.path()), &not_ready)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::NoReadyPeers { ref members } if members == &[0, 1]),
+        "{err}"
+    );
+
+    let none = StaticPeers(PeerSet::default());
+    let err = redistribute(&options(data.path()), &none)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedistributeError::NoPeers), "{err}");
+    assert!(local_records(data.path()) == all);
+}
+
+#[tokio::test]
+async fn records_of_a_member_that_is_not_ready_wait_for_it() {
+    // Placement is over all members, so records owned by a member that is not Ready are not
+    // sent elsewhere (clients would not find them there): they stay, and the drain fails.
+    let server = Datastore::start(0).await;
+    let mut set = PeerSet::all_ready([server.peer()]);
+    set.members = vec![0, 1];
+    let data = tempfile::tempdir().unwrap();
+    let all = records(50);
+    write_local(data.path(), &all);
+
+    let err = redistribute(&options(data.path()), &StaticPeers(set))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::OwnerNotReady { ordinal: 1 }),
+        "{err}"
+    );
+
+    let expected = expected_by_owner(&all, &[0, 1]);
+    assert!(server.records().await == expected[&0]);
+    assert!(local_records(data.path()) == expected[&1]);
+}
+
+#[tokio::test]
+async fn retries_transient_failures() {
+    // A peer that answers 503 to the first requests, then stores records.
+    let server = Datastore::start(0).await;
+    let failures = Arc::new(AtomicUsize::new(3));
+    let backend = format!("http://{}", server.addr);
+    let app = axum::Router::new().route(
+        "/records/{key}",
+        axum::routing::put({
+            let failures = Arc::clone(&failures);
+            move |axum::extract::Path(key): axum::extract::Path<String>, body: axum::body::Bytes| {
+                let failures = Arc::clone(&failures);
+                let backend = backend.clone();
+                async move {
+                    if failures
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                    {
+                        return StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    let client = datastore::Client::new(&backend).unwrap();
+                    client.put(&key, body.to_vec()).await.unwrap();
+                    StatusCode::NO_CONTENT
+                }
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let data = tempfile::tempdir().unwrap();
+    let all = records(5);
+    write_local(data.path(), &all);
+    let peers = StaticPeers(PeerSet::all_ready([peer_at(0, addr)]));
+    let opts = Options {
+        concurrency: 1,
+        ..options(data.path())
+    };
+    let summary = redistribute(&opts, &peers).await.unwrap();
+    assert_eq!(summary.records, 5);
+    assert!(server.records().await == all);
+    assert!(local_records(data.path()).is_empty());
+}
+
+#[tokio::test]
+async fn rerun_after_partial_progress_gives_the_same_result() {
+    let servers = [Datastore::start(0).await, Datastore::start(1).await];
+    let ordinals = [0, 1];
+    let data = tempfile::tempdir().unwrap();
+    let all = records(120);
+    write_local(data.path(), &all);
+
+    // A previous run that died midway: some records were acknowledged and deleted locally,
+    // some acknowledged but not yet deleted.
+    for (i, (key, value)) in all.iter().enumerate().take(60) {
+        let owner = placement::owner(key, &ordinals);
+        let server = servers.iter().find(|s| s.ordinal == owner).unwrap();
+        datastore::Client::new(&format!("http://{}", server.addr))
+            .unwrap()
+            .put(key, value.clone())
+            .await
+            .unwrap();
+        if i % 2 == 0 {
+            std::fs::remove_file(data.path().join(key)).unwrap();
+        }
+    }
+
+    let peers = StaticPeers(PeerSet::all_ready(servers.iter().map(Datastore::peer)));
+    let summary = redistribute(&options(data.path()), &peers).await.unwrap();
+    assert_eq!(summary.records, 90);
+    assert!(local_records(data.path()).is_empty());
+    let refs: Vec<&Datastore> = servers.iter().collect();
+    assert_peers_hold_exactly(&refs, &all, &ordinals).await;
+}
+
+#[tokio::test]
+async fn rerun_after_a_peer_was_down_finishes_the_drain() {
+    // First run: ordinal 1 does not answer. Its records stay; ordinal 0's are moved.
+    let server0 = Datastore::start(0).await;
+    let dead = dead_addr().await;
+    let data = tempfile::tempdir().unwrap();
+    let all = records(80);
+    write_local(data.path(), &all);
+    let ordinals = [0, 1];
+    let expected = expected_by_owner(&all, &ordinals);
+
+    let down = StaticPeers(PeerSet::all_ready([server0.peer(), peer_at(1, dead)]));
+    let err = redistribute(&options(data.path()), &down)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::PeerUnavailable { ref peer, .. } if peer == "datastore-1"),
+        "{err}"
+    );
+    assert!(local_records(data.path()) == expected[&1]);
+    assert!(server0.records().await == expected[&0]);
+
+    // Second run (the controller's retry), ordinal 1 back: the rest moves, nothing twice.
+    let server1 = Datastore::start(1).await;
+    let up = StaticPeers(PeerSet::all_ready([server0.peer(), server1.peer()]));
+    let summary = redistribute(&options(data.path()), &up).await.unwrap();
+    assert_eq!(summary.records, expected[&1].len() as u64);
+    assert!(local_records(data.path()).is_empty());
+    assert_peers_hold_exactly(&[&server0, &server1], &all, &ordinals).await;
+}
+
+#[tokio::test]
+async fn a_later_round_uses_fresh_peers() {
+    // Discovery that first reports a dead address for ordinal 1, then the real one.
+    struct Flapping {
+        calls: AtomicUsize,
+        first: PeerSet,
+        then: PeerSet,
+    }
+    impl drainer::peers::PeerSource for Flapping {
+        async fn discover(&self) -> Result<PeerSet, drainer::peers::PeersError> {
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok(if call == 0 { &self.first } else { &self.then }.clone())
+        }
+    }
+
+    let servers = [Datastore::start(0).await, Datastore::start(1).await];
+    let dead = dead_addr().await;
+    let source = Flapping {
+        calls: AtomicUsize::new(0),
+        first: PeerSet::all_ready([servers[0].peer(), peer_at(1, dead)]),
+        then: PeerSet::all_ready(servers.iter().map(Datastore::peer)),
+    };
+    let data = tempfile::tempdir().unwrap();
+    let all = records(40);
+    write_local(data.path(), &all);
+
+    let summary = redistribute(&options(data.path()), &source).await.unwrap();
+    assert_eq!(summary.records, 40);
+    assert_eq!(summary.rounds, 2);
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert!(local_records(data.path()).is_empty());
+    assert_peers_hold_exactly(&[&servers[0], &servers[1]], &all, &[0, 1]).await;
+}

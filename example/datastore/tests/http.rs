@@ -1,0 +1,167 @@
+//! The datastore's HTTP API against a real server on 127.0.0.1 with a temporary data directory.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use datastore::{Client, Store};
+use reqwest::StatusCode;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A server on an ephemeral port; stops when dropped.
+struct Server {
+    addr: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Server {
+    async fn start(dir: &Path) -> Self {
+        let store = Store::open(dir).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(datastore::http::serve(listener, store, async move {
+            let _ = stopped.await;
+        }));
+        Self { addr, _stop: stop }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.url("")).unwrap()
+    }
+}
+
+fn dir_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn put_get_list_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let client = server.client();
+
+    assert!(client.healthy().await);
+    assert_eq!(client.list().await.unwrap(), Vec::<String>::new());
+    client.put("b-2", b"two".to_vec()).await.unwrap();
+    client.put("a.1", vec![0u8, 255, 10]).await.unwrap();
+    client.put("c_3", Vec::new()).await.unwrap();
+
+    assert_eq!(
+        client.get("b-2").await.unwrap().as_deref(),
+        Some(&b"two"[..])
+    );
+    assert_eq!(
+        client.get("a.1").await.unwrap().as_deref(),
+        Some(&[0u8, 255, 10][..])
+    );
+    assert_eq!(client.get("c_3").await.unwrap().as_deref(), Some(&b""[..]));
+    assert_eq!(client.get("missing").await.unwrap(), None);
+    assert_eq!(client.list().await.unwrap(), ["a.1", "b-2", "c_3"]);
+
+    // Same key overwrites.
+    client.put("b-2", b"TWO".to_vec()).await.unwrap();
+    assert_eq!(
+        client.get("b-2").await.unwrap().as_deref(),
+        Some(&b"TWO"[..])
+    );
+    assert_eq!(client.list().await.unwrap(), ["a.1", "b-2", "c_3"]);
+
+    // Each record is one file named after its key, holding exactly its value.
+    assert_eq!(dir_entries(dir.path()), ["a.1", "b-2", "c_3"]);
+    assert_eq!(std::fs::read(dir.path().join("b-2")).unwrap(), b"TWO");
+}
+
+#[tokio::test]
+async fn raw_status_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let http = reqwest::Client::new();
+
+    let put = http
+        .put(server.url("/records/k"))
+        .body("v")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::NO_CONTENT);
+    let get = http.get(server.url("/records/k")).send().await.unwrap();
+    assert_eq!(get.status(), StatusCode::OK);
+    assert_eq!(get.bytes().await.unwrap(), "v");
+    let missing = http.get(server.url("/records/nope")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let health = http.get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let list = http.get(server.url("/records")).send().await.unwrap();
+    assert_eq!(list.status(), StatusCode::OK);
+    assert_eq!(list.json::<Vec<String>>().await.unwrap(), ["k"]);
+}
+
+#[tokio::test]
+async fn bad_keys_are_rejected_with_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let http = reqwest::Client::new();
+    let long = "x".repeat(201);
+    for key in [".hidden", ".tmp-1", "a%20b", "a+b", "%C3%A9", long.as_str()] {
+        let url = server.url(&format!("/records/{key}"));
+        let put = http.put(&url).body("v").send().await.unwrap();
+        assert_eq!(put.status(), StatusCode::BAD_REQUEST, "PUT {key}");
+        let get = http.get(&url).send().await.unwrap();
+        assert_eq!(get.status(), StatusCode::BAD_REQUEST, "GET {key}");
+    }
+    // Through the client too, which percent-encodes.
+    let err = server.client().put("a b", b"v".to_vec()).await.unwrap_err();
+    assert!(
+        matches!(err, datastore::client::ClientError::Status { status, .. } if status == StatusCode::BAD_REQUEST),
+        "{err}"
+    );
+    assert!(dir_entries(dir.path()).is_empty());
+}
+
+#[tokio::test]
+async fn atomic_writes_leave_no_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    let client = server.client();
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..50u8 {
+        let client = client.clone();
+        // Several writers on few keys, overwrites racing each other.
+        writes.spawn(async move {
+            client
+                .put(&format!("k{}", i % 5), vec![i; 4096])
+                .await
+                .unwrap();
+        });
+    }
+    while let Some(done) = writes.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(dir_entries(dir.path()), ["k0", "k1", "k2", "k3", "k4"]);
+    for key in ["k0", "k1", "k2", "k3", "k4"] {
+        let value = std::fs::read(dir.path().join(key)).unwrap();
+        assert_eq!(value.len(), 4096);
+        assert!(value.iter().all(|b| *b == value[0]), "torn write in {key}");
+    }
+}
+
+#[tokio::test]
+async fn list_ignores_temporary_files_and_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path()).await;
+    std::fs::write(dir.path().join(".tmp-leftover"), b"partial").unwrap();
+    std::fs::create_dir(dir.path().join("lost+found")).unwrap();
+    std::fs::write(dir.path().join("r1"), b"1").unwrap();
+    assert_eq!(server.client().list().await.unwrap(), ["r1"]);
+}
