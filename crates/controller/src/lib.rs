@@ -3,4 +3,5 @@
 pub mod config;
 #[cfg(test)]
 pub mod fixtures;
+pub mod plan;
 pub mod template;

@@ -38,8 +38,20 @@ pub mod claim_annotations {
     pub const RETRY_AFTER: &str = "statefulsets.kubernetes.io/drain-retry-after";
     /// Why the last attempt failed, in a few words.
     pub const LAST_FAILURE: &str = "statefulsets.kubernetes.io/drain-last-failure";
+    /// UID of the drain pod of the current attempt, so a drain pod deleted by someone else is
+    /// noticed (and counted as a failed attempt).
+    pub const POD_UID: &str = "statefulsets.kubernetes.io/drain-pod-uid";
     /// UID of the drain pod whose failure was last counted, so a failure is counted once.
     pub const COUNTED_POD_UID: &str = "statefulsets.kubernetes.io/drain-counted-pod-uid";
+    /// Every annotation above: what clearing an ordinal's drain record removes.
+    pub const ALL: [&str; 6] = [
+        ATTEMPTS,
+        FIRST_ATTEMPT_AT,
+        RETRY_AFTER,
+        LAST_FAILURE,
+        POD_UID,
+        COUNTED_POD_UID,
+    ];
 }
 
 /// Annotations the controller sets on each drain pod it creates.

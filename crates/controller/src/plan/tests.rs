@@ -1,0 +1,826 @@
+//! Tests of the drain state machine: one table row per transition, and properties over arbitrary
+//! snapshots for the invariants that keep data safe.
+
+use super::*;
+use proptest::prelude::*;
+use rstest::rstest;
+
+const SET: &str = "web";
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn claim(template: &str, ordinal: i32) -> Claim {
+    Claim {
+        name: format!("{template}-{SET}-{ordinal}"),
+        uid: format!("uid-{template}-{ordinal}"),
+        template: template.to_owned(),
+        ordinal,
+        terminating: false,
+        record: DrainRecord::default(),
+    }
+}
+
+fn with_record(mut c: Claim, record: DrainRecord) -> Claim {
+    c.record = record;
+    c
+}
+
+fn terminating(mut c: Claim) -> Claim {
+    c.terminating = true;
+    c
+}
+
+fn stateful_pod(ordinal: i32) -> PodObs {
+    PodObs {
+        ordinal,
+        name: format!("{SET}-{ordinal}"),
+        uid: format!("sts-pod-{ordinal}"),
+        terminating: false,
+        kind: PodKind::Other,
+    }
+}
+
+fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
+    PodObs {
+        ordinal,
+        name: format!("{SET}-{ordinal}"),
+        uid: format!("drain-pod-{ordinal}"),
+        terminating: false,
+        kind: PodKind::Drain {
+            phase,
+            claims: claims
+                .iter()
+                .map(|c| (c.name.clone(), c.uid.clone()))
+                .collect(),
+            failure: (phase == DrainPhase::Failed).then(|| "exit code 1".to_owned()),
+        },
+    }
+}
+
+fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
+    Snapshot {
+        set_name: SET.to_owned(),
+        replicas,
+        ordinals_start: 0,
+        claims,
+        pods,
+        previous_done: BTreeMap::new(),
+    }
+}
+
+fn refs(claims: &[&Claim]) -> Vec<ClaimRef> {
+    claims
+        .iter()
+        .map(|c| ClaimRef {
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+        })
+        .collect()
+}
+
+fn create(ordinal: i32, claims: &[&Claim], attempt: u32, first: Option<Timestamp>) -> Action {
+    Action::CreateDrainPod {
+        ordinal,
+        claims: claims
+            .iter()
+            .map(|c| {
+                (
+                    c.template.clone(),
+                    ClaimRef {
+                        name: c.name.clone(),
+                        uid: c.uid.clone(),
+                    },
+                )
+            })
+            .collect(),
+        attempt,
+        first_attempt_at: first,
+    }
+}
+
+fn delete_pod(ordinal: i32, why: DeleteWhy) -> Action {
+    Action::DeleteDrainPod {
+        ordinal,
+        name: format!("{SET}-{ordinal}"),
+        uid: format!("drain-pod-{ordinal}"),
+        why,
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        max_concurrent: Some(1),
+        retry_base: Duration::from_secs(10),
+        retry_max: Duration::from_secs(300),
+        ..Settings::default()
+    }
+}
+
+fn running_record(ordinal: i32) -> DrainRecord {
+    DrainRecord {
+        first_attempt_at: Some(t(-100)),
+        pod_uid: Some(format!("drain-pod-{ordinal}")),
+        ..DrainRecord::default()
+    }
+}
+
+#[test]
+fn nothing_to_do_when_every_ordinal_is_in_range() {
+    let claims = vec![claim("data", 0), claim("data", 1)];
+    let plan = plan(
+        &snap(2, claims, vec![stateful_pod(0), stateful_pod(1)]),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(plan, Plan::default());
+}
+
+#[test]
+fn stateful_pod_still_there_blocks_the_drain() {
+    let plan = plan(
+        &snap(2, vec![claim("data", 2)], vec![stateful_pod(2)]),
+        &settings(),
+        t(0),
+    );
+    assert!(plan.actions.is_empty());
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Waiting {
+            reason: "pod web-2 still exists".to_owned()
+        }
+    );
+}
+
+#[test]
+fn terminating_stateful_pod_blocks_the_drain() {
+    let mut pod = stateful_pod(2);
+    pod.terminating = true;
+    let plan = plan(
+        &snap(2, vec![claim("data", 2)], vec![pod]),
+        &settings(),
+        t(0),
+    );
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn orphaned_claim_gets_a_drain_pod() {
+    let c = claim("data", 2);
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(0));
+    assert_eq!(plan.actions, vec![create(2, &[&c], 1, Some(t(0)))]);
+    assert_eq!(plan.status[&2], OrdinalState::Draining { attempt: 1 });
+}
+
+#[test]
+fn two_claim_templates_are_drained_by_one_pod() {
+    let (a, b) = (claim("data", 1), claim("logs", 1));
+    let plan = plan(
+        &snap(1, vec![a.clone(), b.clone()], vec![]),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(plan.actions, vec![create(1, &[&a, &b], 1, Some(t(0)))]);
+}
+
+#[test]
+fn ordinals_start_shifts_the_range() {
+    let mut s = snap(
+        2,
+        vec![claim("data", 5), claim("data", 6), claim("data", 7)],
+        vec![],
+    );
+    s.ordinals_start = 5;
+    let plan = plan(&s, &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![create(7, &[&claim("data", 7)], 1, Some(t(0)))]
+    );
+}
+
+#[test]
+fn below_ordinals_start_is_out_of_range_too() {
+    let mut s = snap(1, vec![claim("data", 0)], vec![]);
+    s.ordinals_start = 3;
+    let plan = plan(&s, &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![create(0, &[&claim("data", 0)], 1, Some(t(0)))]
+    );
+}
+
+#[test]
+fn ordered_ready_drains_one_at_a_time_highest_first() {
+    let claims = vec![claim("data", 0), claim("data", 1), claim("data", 2)];
+    let plan = plan(&snap(0, claims.clone(), vec![]), &settings(), t(0));
+    assert_eq!(plan.actions, vec![create(2, &[&claims[2]], 1, Some(t(0)))]);
+    assert!(matches!(plan.status[&1], OrdinalState::Waiting { .. }));
+    assert!(matches!(plan.status[&0], OrdinalState::Waiting { .. }));
+}
+
+#[test]
+fn a_running_drain_holds_the_only_slot() {
+    let c2 = with_record(claim("data", 2), running_record(2));
+    let c1 = claim("data", 1);
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c2])];
+    let plan = plan(&snap(1, vec![c1, c2], pods), &settings(), t(0));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.status[&2], OrdinalState::Draining { attempt: 1 });
+}
+
+#[test]
+fn parallel_drains_all_at_once() {
+    let claims = vec![claim("data", 0), claim("data", 1), claim("data", 2)];
+    let s = Settings {
+        max_concurrent: None,
+        ..settings()
+    };
+    let plan = plan(&snap(0, claims.clone(), vec![]), &s, t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            create(2, &[&claims[2]], 1, Some(t(0))),
+            create(1, &[&claims[1]], 1, Some(t(0))),
+            create(0, &[&claims[0]], 1, Some(t(0))),
+        ]
+    );
+}
+
+#[test]
+fn running_pod_without_recorded_uid_gets_it_recorded() {
+    let c = with_record(
+        claim("data", 2),
+        DrainRecord {
+            first_attempt_at: Some(t(-5)),
+            ..Default::default()
+        },
+    );
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(2, vec![c.clone()], pods), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordDrainPod {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned()
+        }]
+    );
+}
+
+#[test]
+fn success_deletes_the_claims_then_the_pod() {
+    let (a, b) = (claim("data", 2), claim("logs", 2));
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&a, &b])];
+    let plan = plan(
+        &snap(2, vec![a.clone(), b.clone()], pods),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&a, &b])
+            },
+            delete_pod(2, DeleteWhy::Succeeded),
+        ]
+    );
+    assert!(matches!(plan.status[&2], OrdinalState::Done { .. }));
+}
+
+#[test]
+fn success_after_a_crash_with_claims_terminating_still_deletes_the_pod() {
+    let c = terminating(claim("data", 2));
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&c])];
+    let plan = plan(&snap(2, vec![c], pods), &settings(), t(0));
+    assert_eq!(plan.actions, vec![delete_pod(2, DeleteWhy::Succeeded)]);
+}
+
+#[test]
+fn success_after_a_crash_with_claims_gone_still_deletes_the_pod() {
+    let c = claim("data", 2);
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&c])];
+    let plan = plan(&snap(2, vec![], pods), &settings(), t(0));
+    assert_eq!(plan.actions, vec![delete_pod(2, DeleteWhy::Succeeded)]);
+}
+
+#[test]
+fn success_never_deletes_a_claim_recreated_since() {
+    let drained = claim("data", 2);
+    let mut fresh = claim("data", 2);
+    fresh.uid = "uid-fresh".to_owned();
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&drained])];
+    let plan = plan(&snap(2, vec![fresh], pods), &settings(), t(0));
+    assert_eq!(plan.actions, vec![delete_pod(2, DeleteWhy::Succeeded)]);
+}
+
+#[test]
+fn after_success_the_terminating_claims_show_done() {
+    let mut s = snap(2, vec![terminating(claim("data", 2))], vec![]);
+    s.previous_done.insert(2, t(-3));
+    let plan = plan(&s, &settings(), t(0));
+    assert!(plan.actions.is_empty());
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Done {
+            at: t(-3).to_string()
+        }
+    );
+}
+
+#[test]
+fn done_is_remembered_until_the_ordinal_returns() {
+    let mut s = snap(2, vec![], vec![]);
+    s.previous_done.insert(2, t(-3));
+    assert!(
+        matches!(plan(&s, &settings(), t(0)).status.get(&2), None),
+        "no claims, no ordinal"
+    );
+    s.claims.push(terminating(claim("data", 2)));
+    assert!(matches!(
+        plan(&s, &settings(), t(0)).status[&2],
+        OrdinalState::Done { .. }
+    ));
+}
+
+#[test]
+fn failure_is_counted_with_backoff_then_the_pod_deleted() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Failed, &[&c])];
+    let plan = plan(&snap(2, vec![c.clone()], pods), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::RecordFailure {
+                ordinal: 2,
+                claims: refs(&[&c]),
+                pod_uid: "drain-pod-2".to_owned(),
+                attempts: 1,
+                retry_after: t(10),
+                reason: "exit code 1".to_owned(),
+                gave_up: false,
+            },
+            delete_pod(2, DeleteWhy::Failed),
+        ]
+    );
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_counted_failure_is_not_counted_again() {
+    let record = DrainRecord {
+        attempts: 1,
+        retry_after: Some(t(10)),
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pods = vec![drain_pod(2, DrainPhase::Failed, &[&c])];
+    let plan = plan(&snap(2, vec![c], pods), &settings(), t(0));
+    assert_eq!(plan.actions, vec![delete_pod(2, DeleteWhy::Failed)]);
+}
+
+#[test]
+fn retry_waits_for_the_backoff() {
+    let record = DrainRecord {
+        attempts: 1,
+        retry_after: Some(t(10)),
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(4));
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(6)));
+    assert!(matches!(
+        plan.status[&2],
+        OrdinalState::Retrying { attempts: 1, .. }
+    ));
+}
+
+#[test]
+fn retry_after_the_backoff_creates_attempt_two() {
+    let record = DrainRecord {
+        attempts: 1,
+        retry_after: Some(t(10)),
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(10));
+    assert_eq!(plan.actions, vec![create(2, &[&c], 2, None)]);
+}
+
+#[test]
+fn a_drain_pod_deleted_by_someone_counts_as_a_failure() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordFailure {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned(),
+            attempts: 1,
+            retry_after: t(10),
+            reason: "drain pod was deleted before it finished".to_owned(),
+            gave_up: false,
+        }]
+    );
+}
+
+#[rstest]
+#[case::attempts_exhausted(Some(2), None, 1, true)]
+#[case::attempts_left(Some(3), None, 1, false)]
+#[case::deadline_before_next_try(None, Some(105), 1, true)]
+#[case::deadline_after_next_try(None, Some(1000), 1, false)]
+fn giving_up(
+    #[case] max_attempts: Option<u32>,
+    #[case] deadline_secs: Option<u64>,
+    #[case] attempts_before: u32,
+    #[case] gave_up: bool,
+) {
+    let record = DrainRecord {
+        attempts: attempts_before,
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pods = vec![drain_pod(2, DrainPhase::Failed, &[&c])];
+    let s = Settings {
+        max_attempts,
+        deadline: deadline_secs.map(Duration::from_secs),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c], pods), &s, t(0));
+    match &plan.actions[0] {
+        Action::RecordFailure {
+            gave_up: g,
+            attempts,
+            ..
+        } => {
+            assert_eq!(*g, gave_up);
+            assert_eq!(*attempts, attempts_before + 1);
+        }
+        other => panic!("expected RecordFailure, got {other:?}"),
+    }
+    assert_eq!(
+        matches!(plan.status[&2], OrdinalState::Failed { .. }),
+        gave_up
+    );
+}
+
+#[test]
+fn given_up_ordinal_gets_no_new_pod_and_frees_its_slot() {
+    let record = DrainRecord {
+        attempts: 3,
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        last_failure: Some("exit code 1".to_owned()),
+        ..running_record(2)
+    };
+    let c2 = with_record(claim("data", 2), record);
+    let c1 = claim("data", 1);
+    let s = Settings {
+        max_attempts: Some(3),
+        ..settings()
+    };
+    let plan = plan(&snap(1, vec![c1.clone(), c2], vec![]), &s, t(0));
+    assert_eq!(plan.actions, vec![create(1, &[&c1], 1, Some(t(0)))]);
+    assert!(matches!(
+        plan.status[&2],
+        OrdinalState::Failed { attempts: 3, .. }
+    ));
+}
+
+#[test]
+fn a_drain_past_its_deadline_is_stopped() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let s = Settings {
+        deadline: Some(Duration::from_secs(50)),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c], pods), &s, t(0));
+    assert!(matches!(
+        plan.actions[0],
+        Action::RecordFailure { gave_up: true, .. }
+    ));
+    assert_eq!(plan.actions[1], delete_pod(2, DeleteWhy::DeadlineExceeded));
+}
+
+#[test]
+fn a_running_drain_requeues_at_its_deadline() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let s = Settings {
+        deadline: Some(Duration::from_secs(130)),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c], pods), &s, t(0));
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(30)));
+}
+
+#[test]
+fn scale_up_finish_lets_the_drain_complete() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
+    assert!(plan.actions.is_empty());
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&c])];
+    let plan = super::plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&c])
+            },
+            delete_pod(2, DeleteWhy::Succeeded)
+        ]
+    );
+}
+
+#[test]
+fn scale_up_cancel_deletes_the_drain_pod_and_keeps_the_claims() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let s = Settings {
+        on_scale_up: OnScaleUp::Cancel,
+        ..settings()
+    };
+    let plan = plan(&snap(3, vec![c.clone()], pods), &s, t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            delete_pod(2, DeleteWhy::Cancelled),
+            Action::ClearRecord {
+                ordinal: 2,
+                claims: refs(&[&c])
+            }
+        ]
+    );
+}
+
+#[test]
+fn a_drain_failed_after_scale_up_is_not_retried() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Failed, &[&c])];
+    let plan = plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            delete_pod(2, DeleteWhy::Failed),
+            Action::ClearRecord {
+                ordinal: 2,
+                claims: refs(&[&c])
+            }
+        ]
+    );
+}
+
+#[test]
+fn returning_pod_finds_its_claims_cleared() {
+    let c = with_record(
+        claim("data", 2),
+        DrainRecord {
+            attempts: 2,
+            ..running_record(2)
+        },
+    );
+    let plan = plan(&snap(3, vec![c.clone()], vec![]), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::ClearRecord {
+            ordinal: 2,
+            claims: refs(&[&c])
+        }]
+    );
+}
+
+#[test]
+fn terminating_drain_pod_is_waited_for() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    pod.terminating = true;
+    let plan = plan(&snap(2, vec![c], vec![pod]), &settings(), t(0));
+    assert!(plan.actions.is_empty());
+}
+
+#[test]
+fn backoff_doubles_and_caps() {
+    let (b, m) = (Duration::from_secs(5), Duration::from_secs(60));
+    let got: Vec<u64> = (1..=6).map(|n| backoff(n, b, m).as_secs()).collect();
+    assert_eq!(got, vec![5, 10, 20, 40, 60, 60]);
+    assert_eq!(backoff(u32::MAX, b, m), m);
+}
+
+// ---- properties ---------------------------------------------------------------------------
+
+fn arb_phase() -> impl Strategy<Value = DrainPhase> {
+    prop_oneof![
+        Just(DrainPhase::Pending),
+        Just(DrainPhase::Running),
+        Just(DrainPhase::Succeeded),
+        Just(DrainPhase::Failed),
+        Just(DrainPhase::Unknown),
+    ]
+}
+
+fn arb_record() -> impl Strategy<Value = DrainRecord> {
+    (
+        0u32..5,
+        prop::option::of(-200i64..200),
+        prop::option::of(-50i64..50),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(attempts, first, retry, has_pod, counted)| DrainRecord {
+            attempts,
+            first_attempt_at: first.map(t),
+            retry_after: retry.map(t),
+            last_failure: (attempts > 0).then(|| "x".to_owned()),
+            pod_uid: has_pod.then(|| "uid-p".to_owned()),
+            counted_pod_uid: counted.then(|| "uid-p".to_owned()),
+        })
+}
+
+#[derive(Clone, Debug)]
+enum PodChoice {
+    None,
+    Stateful {
+        terminating: bool,
+    },
+    Drain {
+        phase: DrainPhase,
+        terminating: bool,
+        same_uids: bool,
+    },
+}
+
+fn arb_pod_choice() -> impl Strategy<Value = PodChoice> {
+    prop_oneof![
+        Just(PodChoice::None),
+        any::<bool>().prop_map(|terminating| PodChoice::Stateful { terminating }),
+        (arb_phase(), any::<bool>(), any::<bool>()).prop_map(|(phase, terminating, same_uids)| {
+            PodChoice::Drain {
+                phase,
+                terminating,
+                same_uids,
+            }
+        }),
+    ]
+}
+
+fn arb_ordinal() -> impl Strategy<Value = (Vec<(bool, bool)>, DrainRecord, PodChoice)> {
+    // Per claim template (data, logs): (exists, terminating).
+    (
+        prop::collection::vec((any::<bool>(), any::<bool>()), 2),
+        arb_record(),
+        arb_pod_choice(),
+    )
+}
+
+fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
+    (
+        0i32..5,
+        0i32..3,
+        prop::collection::vec(arb_ordinal(), 0..7),
+        prop::option::of(1u32..4),
+        any::<bool>(),
+        prop::option::of(1u32..4),
+    )
+        .prop_map(
+            |(replicas, start, ordinals, max_concurrent, cancel, max_attempts)| {
+                let mut claims = Vec::new();
+                let mut pods = Vec::new();
+                for (i, (templates, record, pod)) in ordinals.into_iter().enumerate() {
+                    let o = i as i32;
+                    let mut mine = Vec::new();
+                    for ((exists, term), template) in templates.into_iter().zip(["data", "logs"]) {
+                        if exists {
+                            let mut c = with_record(claim(template, o), record.clone());
+                            c.terminating = term;
+                            mine.push(c);
+                        }
+                    }
+                    match pod {
+                        PodChoice::None => {}
+                        PodChoice::Stateful { terminating } => {
+                            let mut p = stateful_pod(o);
+                            p.terminating = terminating;
+                            pods.push(p);
+                        }
+                        PodChoice::Drain {
+                            phase,
+                            terminating,
+                            same_uids,
+                        } => {
+                            let mut drained: Vec<Claim> = mine.clone();
+                            if !same_uids {
+                                for c in &mut drained {
+                                    c.uid.push_str("-old");
+                                }
+                            }
+                            let refs: Vec<&Claim> = drained.iter().collect();
+                            let mut p = drain_pod(o, phase, &refs);
+                            p.terminating = terminating;
+                            pods.push(p);
+                        }
+                    }
+                    claims.extend(mine);
+                }
+                let settings = Settings {
+                    max_concurrent,
+                    on_scale_up: if cancel {
+                        OnScaleUp::Cancel
+                    } else {
+                        OnScaleUp::Finish
+                    },
+                    max_attempts,
+                    ..settings()
+                };
+                let mut s = snap(replicas, claims, pods);
+                s.ordinals_start = start;
+                (s, settings)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    #[test]
+    fn no_claim_is_deleted_unless_its_drain_pod_succeeded((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::DeleteClaims { ordinal, claims } = action {
+                let pod = s.pods.iter().find(|p| p.ordinal == *ordinal).expect("a pod for the ordinal");
+                let PodKind::Drain { phase, claims: drained, .. } = &pod.kind else {
+                    panic!("claims deleted without a drain pod: {action:?}");
+                };
+                prop_assert_eq!(*phase, DrainPhase::Succeeded);
+                for c in claims {
+                    prop_assert_eq!(drained.get(&c.name), Some(&c.uid), "claim not drained by that pod");
+                    prop_assert!(s.claims.iter().any(|x| x.name == c.name && x.uid == c.uid && x.ordinal == *ordinal));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_drain_pod_for_an_ordinal_in_range_or_a_taken_name((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::CreateDrainPod { ordinal, claims, .. } = action {
+                let in_range = *ordinal >= s.ordinals_start && *ordinal < s.ordinals_start + s.replicas;
+                prop_assert!(!in_range, "drain pod for ordinal {} in range", ordinal);
+                prop_assert!(s.pods.iter().all(|p| p.ordinal != *ordinal), "name taken");
+                prop_assert!(!claims.is_empty());
+                for c in claims.values() {
+                    prop_assert!(s.claims.iter().any(|x| x.uid == c.uid && !x.terminating && x.ordinal == *ordinal));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn never_more_concurrent_drains_than_allowed((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        let creates = plan.actions.iter().filter(|a| matches!(a, Action::CreateDrainPod { .. })).count() as u32;
+        if creates > 0 {
+            let existing = s.pods.iter().filter(|p| matches!(p.kind, PodKind::Drain { .. })).count() as u32;
+            let limit = settings.max_concurrent.unwrap_or(u32::MAX);
+            prop_assert!(existing + creates <= limit, "{} existing + {} new > {}", existing, creates, limit);
+        }
+    }
+
+    #[test]
+    fn every_deleted_pod_is_a_drain_pod((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::DeleteDrainPod { uid, .. } = action {
+                let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
+                let is_drain = matches!(pod.kind, PodKind::Drain { .. });
+                prop_assert!(is_drain);
+            }
+        }
+    }
+
+    #[test]
+    fn claims_are_deleted_before_their_pod((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for (i, action) in plan.actions.iter().enumerate() {
+            if let Action::DeleteClaims { ordinal, .. } = action {
+                let pod_delete = plan.actions.iter().position(|a| matches!(a, Action::DeleteDrainPod { ordinal: o, .. } if o == ordinal));
+                prop_assert!(pod_delete.is_none_or(|p| p > i));
+            }
+        }
+    }
+
+    #[test]
+    fn planning_is_deterministic((s, settings) in arb_snapshot(), now in -100i64..100) {
+        prop_assert_eq!(plan(&s, &settings, t(now)), plan(&s, &settings, t(now)));
+    }
+}
