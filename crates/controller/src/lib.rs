@@ -1,7 +1,57 @@
-//! The StatefulSet drain controller: observe → validate → plan → act → report.
+//! The StatefulSet drain controller: when a scale-down leaves the claims of an ordinal without
+//! their pod, it runs a drain pod of the same name bound to them, and deletes the claims only
+//! once that pod succeeded.
+//!
+//! Each reconcile is observe ([`observe`]) → validate ([`config`], [`template`]) → plan
+//! ([`plan`], pure) → act ([`act`], idempotent) → report ([`status`], Events); [`controller`]
+//! wires it to the watches.
 
+pub mod act;
+pub mod cli;
 pub mod config;
+pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
+pub mod observe;
 pub mod plan;
+pub mod status;
 pub mod template;
+
+use tracing_subscriber::EnvFilter;
+
+/// Sets up logging: plain or JSON lines on stderr, filtered by `filter`.
+pub fn init_logging(filter: &str, json: bool) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Runs the controller with these options until SIGTERM or SIGINT.
+pub async fn run(args: cli::Args) -> anyhow::Result<()> {
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = ?args.namespace, "starting statefulset-drain-controller");
+    let client = kube::Client::try_default().await?;
+    let config = controller::ControllerConfig {
+        namespace: args.namespace,
+        retry_base: args.retry_base_delay,
+        retry_max: args.retry_max_delay,
+        resync: args.resync,
+    };
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        tracing::info!("shutting down");
+    };
+    controller::run(client, config, shutdown).await?;
+    Ok(())
+}

@@ -451,6 +451,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
                 .filter(|p| matches!(p.kind, PodKind::Drain { .. }))
                 .map(|p| p.ordinal),
         )
+        .chain(snap.previous_done.keys().copied())
         .collect();
 
     // Slots taken by drains in flight (a drain pod exists, or a retry is pending).

@@ -575,13 +575,23 @@ impl DrainTemplate {
 
         let volumes = spec.volumes.get_or_insert_with(Vec::new);
         for claim_template in &self.claim_templates {
-            let volume = Volume {
-                name: claim_template.clone(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: self.claim_name(claim_template, ordinal),
-                    read_only: None,
-                }),
-                ..Volume::default()
+            // A template whose claim is gone (deleted by hand) gets an empty directory, so the
+            // drain containers' mounts still resolve and the other claims are drained.
+            let volume = if input.claims.is_empty() || input.claims.contains_key(claim_template) {
+                Volume {
+                    name: claim_template.clone(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: self.claim_name(claim_template, ordinal),
+                        read_only: None,
+                    }),
+                    ..Volume::default()
+                }
+            } else {
+                Volume {
+                    name: claim_template.clone(),
+                    empty_dir: Some(Default::default()),
+                    ..Volume::default()
+                }
             };
             match volumes.iter_mut().find(|v| v.name == *claim_template) {
                 Some(existing) => *existing = volume,
@@ -1333,8 +1343,10 @@ mod tests {
                 .into_iter()
                 .filter_map(|v| Some((v.name, v.persistent_volume_claim?.claim_name)))
                 .collect();
+            // Templates with a claim (or all, when no claims are given) point at it.
             let expected: BTreeMap<String, String> = templates
                 .iter()
+                .filter(|t| claims.is_empty() || claims.contains_key(*t))
                 .map(|t| (t.clone(), format!("{t}-{set_name}-{ordinal}")))
                 .collect();
             prop_assert_eq!(volumes, expected);
@@ -1348,5 +1360,31 @@ mod tests {
             prop_assert_eq!(&labels[labels::ORDINAL], &ordinal.to_string());
             prop_assert_eq!(&labels[labels::DRAIN_POD], &set_name);
         }
+    }
+
+    #[test]
+    fn a_missing_claim_is_replaced_by_an_empty_dir() {
+        let set = SetBuilder::new("web")
+            .claim_template("data")
+            .claim_template("logs")
+            .drain_template(&drain_template_json(&["data", "logs"]))
+            .build();
+        let drain = validate(&set, &DrainConfig::default()).expect("valid");
+        let input = DrainPodInput {
+            ordinal: 3,
+            replicas: 1,
+            claims: BTreeMap::from([(
+                "data".to_owned(),
+                ("data-web-3".to_owned(), "u".to_owned()),
+            )]),
+        };
+        let volumes = drain.pod(&input).spec.unwrap().volumes.unwrap();
+        let data = volumes.iter().find(|v| v.name == "data").unwrap();
+        let logs = volumes.iter().find(|v| v.name == "logs").unwrap();
+        assert_eq!(
+            data.persistent_volume_claim.as_ref().unwrap().claim_name,
+            "data-web-3"
+        );
+        assert!(logs.persistent_volume_claim.is_none() && logs.empty_dir.is_some());
     }
 }

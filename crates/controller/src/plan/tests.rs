@@ -334,15 +334,22 @@ fn after_success_the_terminating_claims_show_done() {
 fn done_is_remembered_until_the_ordinal_returns() {
     let mut s = snap(2, vec![], vec![]);
     s.previous_done.insert(2, t(-3));
-    assert!(
-        matches!(plan(&s, &settings(), t(0)).status.get(&2), None),
-        "no claims, no ordinal"
+    assert_eq!(
+        plan(&s, &settings(), t(0)).status[&2],
+        OrdinalState::Done {
+            at: t(-3).to_string()
+        }
     );
     s.claims.push(terminating(claim("data", 2)));
     assert!(matches!(
         plan(&s, &settings(), t(0)).status[&2],
         OrdinalState::Done { .. }
     ));
+    s.replicas = 3;
+    assert!(
+        plan(&s, &settings(), t(0)).status.is_empty(),
+        "back in range: forgotten"
+    );
 }
 
 #[test]

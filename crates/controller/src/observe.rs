@@ -1,0 +1,347 @@
+//! Observe: one StatefulSet's snapshot (its claims, the pods holding its pod names, the drain
+//! records on its claims) built from cached objects. Pure conversions; the caches are read by
+//! the caller.
+
+use std::collections::BTreeMap;
+
+use drain_api::{annotations, claim_annotations, labels, pod_annotations};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::plan::{Claim, DrainPhase, DrainRecord, PodKind, PodObs, Snapshot};
+use crate::status::StatusReport;
+
+/// Parses a plain decimal ordinal: digits only, no sign, no leading zero (as the StatefulSet
+/// controller writes them).
+pub fn parse_ordinal(s: &str) -> Option<i32> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if canonical { s.parse().ok() } else { None }
+}
+
+/// The ordinal of a pod named `<set>-<ordinal>`.
+pub fn parse_pod_name(name: &str, set: &str) -> Option<i32> {
+    parse_ordinal(name.strip_prefix(set)?.strip_prefix('-')?)
+}
+
+/// The claim template and ordinal of a claim named `<template>-<set>-<ordinal>`, for one of
+/// the set's claim templates.
+pub fn parse_claim_name<'t>(
+    name: &str,
+    set: &str,
+    templates: &'t [String],
+) -> Option<(&'t str, i32)> {
+    let (rest, ordinal) = name.rsplit_once('-')?;
+    let ordinal = parse_ordinal(ordinal)?;
+    let template = rest.strip_suffix(set)?.strip_suffix('-')?;
+    templates
+        .iter()
+        .find(|t| *t == template)
+        .map(|t| (t.as_str(), ordinal))
+}
+
+/// Candidate StatefulSet names for a claim name, whatever the set's templates: every suffix
+/// after a dash of `<template>-<set>` in `<template>-<set>-<ordinal>`.
+pub fn claim_set_candidates(name: &str) -> Vec<&str> {
+    let Some((rest, ordinal)) = name.rsplit_once('-') else {
+        return Vec::new();
+    };
+    if parse_ordinal(ordinal).is_none() {
+        return Vec::new();
+    }
+    rest.match_indices('-')
+        .map(|(i, _)| &rest[i + 1..])
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The drain record kept in a claim's annotations; unparseable values read as absent.
+pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
+    let time = |k| annotation(meta, k).and_then(|v| v.parse::<Timestamp>().ok());
+    DrainRecord {
+        attempts: annotation(meta, claim_annotations::ATTEMPTS)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        first_attempt_at: time(claim_annotations::FIRST_ATTEMPT_AT),
+        retry_after: time(claim_annotations::RETRY_AFTER),
+        last_failure: annotation(meta, claim_annotations::LAST_FAILURE).map(str::to_owned),
+        pod_uid: annotation(meta, claim_annotations::POD_UID).map(str::to_owned),
+        counted_pod_uid: annotation(meta, claim_annotations::COUNTED_POD_UID).map(str::to_owned),
+    }
+}
+
+/// A claim of the set, if `meta` names one.
+pub fn claim(meta: &ObjectMeta, set: &str, templates: &[String]) -> Option<Claim> {
+    let name = meta.name.as_deref()?;
+    let (template, ordinal) = parse_claim_name(name, set, templates)?;
+    Some(Claim {
+        name: name.to_owned(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        template: template.to_owned(),
+        ordinal,
+        terminating: meta.deletion_timestamp.is_some(),
+        record: drain_record(meta),
+    })
+}
+
+/// Whether `pod` is a drain pod this controller made for the set with this name and UID.
+pub fn is_drain_pod_of(meta: &ObjectMeta, set: &str, set_uid: &str) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::DRAIN_POD))
+        .map(String::as_str)
+        == Some(set);
+    let owned = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "StatefulSet" && o.uid == set_uid);
+    labelled && owned
+}
+
+/// Why a drain pod failed, in a few words: the pod's reason (e.g. Evicted) or the first
+/// container that exited non-zero.
+pub fn failure_reason(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if let Some(reason) = &status.reason {
+        let message = status.message.as_deref().unwrap_or("");
+        return Some(
+            format!("{reason}: {message}")
+                .trim_end_matches([':', ' '])
+                .to_owned(),
+        );
+    }
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let term = c.state.as_ref()?.terminated.as_ref()?;
+            (term.exit_code != 0).then(|| {
+                format!(
+                    "container {} exited with code {}{}",
+                    c.name,
+                    term.exit_code,
+                    term.reason
+                        .as_ref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                )
+            })
+        })
+}
+
+fn phase(pod: &Pod) -> DrainPhase {
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Running") => DrainPhase::Running,
+        Some("Succeeded") => DrainPhase::Succeeded,
+        Some("Failed") => DrainPhase::Failed,
+        Some("Unknown") => DrainPhase::Unknown,
+        _ => DrainPhase::Pending,
+    }
+}
+
+/// A drain pod, as the planner sees it.
+pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
+    let claims = annotation(&pod.metadata, pod_annotations::CLAIMS)
+        .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v).ok())
+        .unwrap_or_default();
+    let phase = phase(pod);
+    PodObs {
+        ordinal,
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        kind: PodKind::Drain {
+            phase,
+            claims,
+            failure: (phase == DrainPhase::Failed)
+                .then(|| failure_reason(pod))
+                .flatten(),
+        },
+    }
+}
+
+/// Any other pod holding a set's pod name (its stateful pod, usually).
+pub fn other_pod(meta: &ObjectMeta, ordinal: i32) -> PodObs {
+    PodObs {
+        ordinal,
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        terminating: meta.deletion_timestamp.is_some(),
+        kind: PodKind::Other,
+    }
+}
+
+/// The set's claim template names.
+pub fn claim_templates(set: &StatefulSet) -> Vec<String> {
+    set.spec
+        .iter()
+        .flat_map(|s| s.volume_claim_templates.iter().flatten())
+        .filter_map(|c| c.metadata.name.clone())
+        .collect()
+}
+
+/// The set's snapshot from its claims' metadata, the drain pods and the other pods holding its
+/// pod names (already narrowed to the set's namespace by the caller).
+pub fn snapshot<'a>(
+    set: &StatefulSet,
+    claims: impl IntoIterator<Item = &'a ObjectMeta>,
+    drain_pods: impl IntoIterator<Item = &'a Pod>,
+    other_pods: impl IntoIterator<Item = &'a ObjectMeta>,
+) -> Snapshot {
+    let name = set.metadata.name.clone().unwrap_or_default();
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    let spec = set.spec.as_ref();
+    let templates = claim_templates(set);
+    let mut pods: Vec<PodObs> = Vec::new();
+    for pod in drain_pods {
+        let Some(pod_name) = pod.metadata.name.as_deref() else {
+            continue;
+        };
+        if let Some(o) = parse_pod_name(pod_name, &name)
+            && is_drain_pod_of(&pod.metadata, &name, &uid)
+        {
+            pods.push(drain_pod(pod, o));
+        }
+    }
+    for meta in other_pods {
+        let Some(pod_name) = meta.name.as_deref() else {
+            continue;
+        };
+        if let Some(o) = parse_pod_name(pod_name, &name)
+            && !pods.iter().any(|p| p.name == pod_name)
+        {
+            pods.push(other_pod(meta, o));
+        }
+    }
+    pods.sort_by_key(|p| p.ordinal);
+    let mut claims: Vec<Claim> = claims
+        .into_iter()
+        .filter_map(|m| claim(m, &name, &templates))
+        .collect();
+    claims.sort_by(|a, b| (a.ordinal, &a.name).cmp(&(b.ordinal, &b.name)));
+    let previous_done = annotation(&set.metadata, annotations::STATUS)
+        .and_then(StatusReport::parse)
+        .map(|r| r.done())
+        .unwrap_or_default();
+    Snapshot {
+        set_name: name,
+        replicas: spec.and_then(|s| s.replicas).unwrap_or(1),
+        ordinals_start: spec
+            .and_then(|s| s.ordinals.as_ref())
+            .and_then(|o| o.start)
+            .unwrap_or(0),
+        claims,
+        pods,
+        previous_done,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn templates(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[rstest]
+    #[case("data-web-2", "web", &["data"], Some(("data", 2)))]
+    #[case("data-web-0", "web", &["data"], Some(("data", 0)))]
+    #[case("data-web-10", "web", &["data"], Some(("data", 10)))]
+    #[case("my-data-web-3", "web", &["data", "my-data"], Some(("my-data", 3)))]
+    #[case("data-my-web-1", "my-web", &["data"], Some(("data", 1)))]
+    #[case("data-my-web-1", "web", &["data"], None)]
+    #[case("data-web-02", "web", &["data"], None)]
+    #[case("data-web-+2", "web", &["data"], None)]
+    #[case("data-web--2", "web", &["data"], None)]
+    #[case("data-web-2x", "web", &["data"], None)]
+    #[case("data-web-", "web", &["data"], None)]
+    #[case("logs-web-2", "web", &["data"], None)]
+    #[case("data-web2-2", "web", &["data"], None)]
+    #[case("data-web-99999999999", "web", &["data"], None)]
+    fn claim_names(
+        #[case] name: &str,
+        #[case] set: &str,
+        #[case] tmpl: &[&str],
+        #[case] want: Option<(&str, i32)>,
+    ) {
+        let t = templates(tmpl);
+        assert_eq!(parse_claim_name(name, set, &t), want);
+    }
+
+    #[rstest]
+    #[case("web-2", "web", Some(2))]
+    #[case("web-0", "web", Some(0))]
+    #[case("web-02", "web", None)]
+    #[case("web2", "web", None)]
+    #[case("my-web-1", "web", None)]
+    #[case("web-x", "web", None)]
+    fn pod_names(#[case] name: &str, #[case] set: &str, #[case] want: Option<i32>) {
+        assert_eq!(parse_pod_name(name, set), want);
+    }
+
+    #[test]
+    fn claim_candidates_cover_every_split() {
+        assert_eq!(claim_set_candidates("a-b-c-3"), vec!["b-c", "c"]);
+        assert!(claim_set_candidates("a-b-c").is_empty());
+        assert!(claim_set_candidates("nodash").is_empty());
+    }
+
+    #[test]
+    fn drain_record_round_trips_through_annotations() {
+        let meta = ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                (claim_annotations::ATTEMPTS.to_owned(), "2".to_owned()),
+                (
+                    claim_annotations::RETRY_AFTER.to_owned(),
+                    "2026-01-01T00:00:10Z".to_owned(),
+                ),
+                (claim_annotations::POD_UID.to_owned(), "p".to_owned()),
+                (
+                    claim_annotations::FIRST_ATTEMPT_AT.to_owned(),
+                    "garbage".to_owned(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        };
+        let r = drain_record(&meta);
+        assert_eq!(r.attempts, 2);
+        assert_eq!(r.retry_after, Some("2026-01-01T00:00:10Z".parse().unwrap()));
+        assert_eq!(r.pod_uid.as_deref(), Some("p"));
+        assert_eq!(r.first_attempt_at, None);
+    }
+
+    #[test]
+    fn failure_reason_names_the_exit_code_or_the_eviction() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "reason": "Error"}}
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(
+            failure_reason(&pod).as_deref(),
+            Some("container drain exited with code 3 (Error)")
+        );
+        let evicted: Pod = serde_json::from_value(serde_json::json!({
+            "status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"}
+        }))
+        .unwrap();
+        assert_eq!(
+            failure_reason(&evicted).as_deref(),
+            Some("Evicted: low on memory")
+        );
+    }
+}

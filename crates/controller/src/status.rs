@@ -1,0 +1,102 @@
+//! The drain status the controller writes on each StatefulSet (annotation
+//! [`drain_api::annotations::STATUS`]): every ordinal being drained, waiting, failed or done,
+//! and the set's problem if its drain settings are invalid.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::plan::OrdinalState;
+
+/// The content of the status annotation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// State per ordinal (keys are the ordinals in decimal, for JSON).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ordinals: BTreeMap<String, OrdinalState>,
+    /// Why the set's drains are on hold (an invalid template or annotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+impl StatusReport {
+    /// A report of the planner's ordinal states.
+    pub fn of(states: &BTreeMap<i32, OrdinalState>) -> Self {
+        Self {
+            ordinals: states
+                .iter()
+                .map(|(o, s)| (o.to_string(), s.clone()))
+                .collect(),
+            problem: None,
+        }
+    }
+
+    /// A report of a problem that puts the set's drains on hold (keeping the ordinals known).
+    pub fn problem(previous: Option<Self>, problem: String) -> Self {
+        Self {
+            problem: Some(problem),
+            ..previous.unwrap_or_default()
+        }
+    }
+
+    /// Parses the annotation; `None` if it is not a report.
+    pub fn parse(text: &str) -> Option<Self> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// The annotation's text.
+    pub fn render(&self) -> String {
+        serde_json::to_string(self).expect("a report serializes")
+    }
+
+    /// The ordinals reported done, with when.
+    pub fn done(&self) -> BTreeMap<i32, Timestamp> {
+        self.ordinals
+            .iter()
+            .filter_map(|(o, s)| match s {
+                OrdinalState::Done { at } => Some((o.parse().ok()?, at.parse().ok()?)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_reads_done_ordinals() {
+        let states = BTreeMap::from([
+            (
+                2,
+                OrdinalState::Done {
+                    at: "2026-01-01T00:00:00Z".to_owned(),
+                },
+            ),
+            (1, OrdinalState::Draining { attempt: 2 }),
+            (
+                0,
+                OrdinalState::Failed {
+                    attempts: 3,
+                    last_failure: "container drain exited with code 1".to_owned(),
+                    reason: "3 of 3 attempts failed".to_owned(),
+                },
+            ),
+        ]);
+        let report = StatusReport::of(&states);
+        let text = report.render();
+        assert_eq!(
+            text,
+            r#"{"ordinals":{"0":{"state":"failed","attempts":3,"lastFailure":"container drain exited with code 1","reason":"3 of 3 attempts failed"},"1":{"state":"draining","attempt":2},"2":{"state":"done","at":"2026-01-01T00:00:00Z"}}}"#
+        );
+        let parsed = StatusReport::parse(&text).unwrap();
+        assert_eq!(parsed, report);
+        assert_eq!(
+            parsed.done(),
+            BTreeMap::from([(2, "2026-01-01T00:00:00Z".parse().unwrap())])
+        );
+        assert!(StatusReport::parse("not json").is_none());
+    }
+}
