@@ -16,6 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 pub mod objects;
+pub mod ops;
 
 /// Root of the repository.
 pub fn repo_root() -> PathBuf {
@@ -182,5 +183,70 @@ where
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Directory of the release binaries (`cargo build --release` puts them there; the test command
+/// builds them first).
+pub fn release_dir() -> PathBuf {
+    std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target"))
+        .join("release")
+}
+
+/// A `statefulset-drain-controller` process run against the local cluster; killed when dropped.
+pub struct ControllerProcess {
+    child: std::process::Child,
+    /// Where its log goes.
+    pub log: PathBuf,
+}
+
+impl ControllerProcess {
+    /// Starts the controller watching only `namespace`, with short retry delays.
+    pub fn start(namespace: &str, extra: &[&str]) -> Self {
+        let bin = release_dir().join("statefulset-drain-controller");
+        assert!(
+            bin.exists(),
+            "{} not found: run `cargo build --release` (tests/run does) first",
+            bin.display()
+        );
+        let logs = release_dir().join("e2e-logs");
+        std::fs::create_dir_all(&logs).expect("log dir");
+        let log = logs.join(format!("controller-{namespace}.log"));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        let child = std::process::Command::new(bin)
+            .args([
+                "--namespace",
+                namespace,
+                "--retry-base-delay",
+                "500ms",
+                "--retry-max-delay",
+                "2s",
+            ])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig_path())
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("start the controller");
+        Self { child, log }
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
     }
 }

@@ -163,3 +163,29 @@ pub fn job_pod(name: &str, claim: &str, script: &str) -> Pod {
     }))
     .expect("valid Pod")
 }
+
+/// A drain pod template (the annotation's JSON) running `script` in busybox with every claim in
+/// `claims` mounted (the first at `/data`, the others at `/<name>`).
+pub fn drain_template(script: &str, claims: &[&str], extra_spec: Value) -> String {
+    let mounts: Vec<Value> = claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"name": c, "mountPath": if i == 0 { "/data".to_owned() } else { format!("/{c}") }})
+        })
+        .collect();
+    let mut spec = json!({
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "drain", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", script],
+            "volumeMounts": mounts,
+        }]
+    });
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        for (k, v) in extra {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    json!({"metadata": {"labels": {"role": "drain"}}, "spec": spec}).to_string()
+}

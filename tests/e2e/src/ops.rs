@@ -1,0 +1,152 @@
+//! Steps the end-to-end tests share: start a set, scale it, wait for pods and claims, read
+//! Events and drain pods.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+
+use crate::objects::SetBuilder;
+use crate::{TestNamespace, wait_for};
+
+/// Default wait for things the cluster does within seconds.
+pub const T: Duration = Duration::from_secs(90);
+
+/// The drain pod label key.
+pub const DRAIN_POD_LABEL: &str = "statefulsets.kubernetes.io/drain-pod";
+
+/// Whether a pod is Running and Ready.
+pub fn running_ready(p: &Pod) -> bool {
+    let st = p.status.as_ref();
+    st.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && st
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's phase ("" if none yet).
+pub fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+/// Whether a claim is Bound.
+pub fn bound(c: &PersistentVolumeClaim) -> bool {
+    c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+/// Creates the set's headless Service and the set.
+pub async fn start_set(ns: &TestNamespace, set: &SetBuilder) -> Result<()> {
+    ns.api::<Service>()
+        .create(&PostParams::default(), &set.service())
+        .await?;
+    ns.api::<StatefulSet>()
+        .create(&PostParams::default(), &set.build())
+        .await?;
+    Ok(())
+}
+
+/// Waits until every named pod is Running and Ready.
+pub async fn wait_running(ns: &TestNamespace, names: &[String]) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    for n in names {
+        wait_for(T, &format!("pod {n} Running and Ready"), || async {
+            Ok(pods.get_opt(n).await?.is_some_and(|p| running_ready(&p)))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// `<set>-<o>` for each ordinal.
+pub fn pod_names(set: &str, ordinals: impl IntoIterator<Item = i32>) -> Vec<String> {
+    ordinals.into_iter().map(|o| format!("{set}-{o}")).collect()
+}
+
+/// Sets `spec.replicas` (what `kubectl scale` does).
+pub async fn scale(ns: &TestNamespace, set: &str, replicas: i32) -> Result<()> {
+    ns.api::<StatefulSet>()
+        .patch(
+            set,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the pod is gone.
+pub async fn wait_pod_gone(ns: &TestNamespace, name: &str, timeout: Duration) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    wait_for(timeout, &format!("pod {name} gone"), || async {
+        Ok(pods.get_opt(name).await?.is_none())
+    })
+    .await
+}
+
+/// Waits until the claim is gone.
+pub async fn wait_claim_gone(ns: &TestNamespace, name: &str, timeout: Duration) -> Result<()> {
+    let claims = ns.api::<PersistentVolumeClaim>();
+    wait_for(timeout, &format!("claim {name} gone"), || async {
+        Ok(claims.get_opt(name).await?.is_none())
+    })
+    .await
+}
+
+/// The claim's UID.
+pub async fn claim_uid(ns: &TestNamespace, name: &str) -> Result<String> {
+    Ok(ns
+        .api::<PersistentVolumeClaim>()
+        .get(name)
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default())
+}
+
+/// The drain pods in the namespace.
+pub async fn drain_pods(ns: &TestNamespace) -> Result<Vec<Pod>> {
+    Ok(ns
+        .api::<Pod>()
+        .list(&ListParams::default().labels(DRAIN_POD_LABEL))
+        .await?
+        .items)
+}
+
+/// Events in the namespace with this reason, as "object-name: message".
+pub async fn events(ns: &TestNamespace, reason: &str) -> Result<Vec<String>> {
+    let list = ns.api::<Event>().list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+/// Waits for at least one Event with this reason about `object`, and returns its messages.
+pub async fn wait_event(ns: &TestNamespace, object: &str, reason: &str) -> Result<Vec<String>> {
+    let prefix = format!("{object}: ");
+    wait_for(T, &format!("a {reason} event on {object}"), || async {
+        Ok(events(ns, reason)
+            .await?
+            .iter()
+            .any(|e| e.starts_with(&prefix)))
+    })
+    .await?;
+    Ok(events(ns, reason)
+        .await?
+        .into_iter()
+        .filter(|e| e.starts_with(&prefix))
+        .collect())
+}
