@@ -128,6 +128,20 @@ pub struct RedistributeArgs {
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
 
+    /// Records sent per second at most, across all concurrent PUTs; 0 means no limit.
+    ///
+    /// Caps the load a drain puts on the remaining pods. Every PUT (a retry too) waits for its
+    /// turn: PUTs start at least 1/N s apart, the first at once, and time spent idle (between
+    /// rounds, waiting on slow answers) does not build up a burst. A PUT's wait for its turn
+    /// does not count toward --request-timeout.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_RATE",
+        default_value_t = 0,
+        value_name = "RECORDS_PER_SEC"
+    )]
+    pub max_rate: u32,
+
     /// Retries of one record's PUT after a connection error or a 5xx/408/429 answer.
     #[arg(long, env = "DRAINER_PUT_RETRIES", default_value_t = 5)]
     pub put_retries: u32,
@@ -271,6 +285,24 @@ mod tests {
         assert_eq!(r.peers.peer_dns_suffix.as_deref(), Some("ds.ns.svc"));
         assert_eq!(r.concurrency, 8);
         assert_eq!(r.max_rounds, 6);
+        assert_eq!(r.max_rate, 0, "unlimited by default");
+    }
+
+    #[test]
+    fn redistribute_max_rate() {
+        let parse = |rate: &str| {
+            Args::try_parse_from(["drainer", "redistribute", "--max-rate", rate]).map(|args| {
+                let Command::Redistribute(r) = args.command else {
+                    panic!("not redistribute");
+                };
+                r.max_rate
+            })
+        };
+        assert_eq!(parse("40").unwrap(), 40);
+        assert_eq!(parse("0").unwrap(), 0);
+        assert!(parse("-1").is_err());
+        assert!(parse("1.5").is_err());
+        assert!(parse("fast").is_err());
     }
 
     #[test]

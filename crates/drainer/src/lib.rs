@@ -67,6 +67,7 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
     let options = redistribute::Options {
         data_dir: args.data_dir,
         concurrency: args.concurrency as usize,
+        max_rate: args.max_rate,
         put_retries: args.put_retries as usize,
         put_retry_delay: args.put_retry_delay,
         max_rounds: args.max_rounds as usize,

@@ -11,6 +11,9 @@
 //! is duplicated and nothing is lost. The same holds inside one run, which works in *rounds*:
 //! when an owner is not Ready or stops answering, its records wait, peers are discovered again
 //! after a backoff, and the next round retries what is left.
+//!
+//! [`Options::max_rate`] caps how many `PUT`s start per second, across all concurrent ones, so
+//! a drain does not overload the remaining pods.
 
 use std::collections::HashSet;
 use std::fs;
@@ -34,6 +37,10 @@ pub struct Options {
     pub data_dir: PathBuf,
     /// Records in flight at once.
     pub concurrency: usize,
+    /// Records sent per second at most, across all concurrent `PUT`s; `0` means no limit.
+    /// Every `PUT`, a retry too, waits for its turn: they start at least `1/max_rate` seconds
+    /// apart (the first at once), and idle time does not build up a burst.
+    pub max_rate: u32,
     /// Retries of one `PUT` after a connection error or a `5xx`/`408`/`429` answer.
     pub put_retries: usize,
     /// First delay between `PUT` retries (doubles each time, with jitter).
@@ -53,11 +60,13 @@ pub struct Options {
 pub const MAX_ROUND_DELAY: Duration = Duration::from_secs(30);
 
 impl Options {
-    /// Defaults for `data_dir`: 8 in flight, 5 retries from 200ms, 6 rounds from 2s.
+    /// Defaults for `data_dir`: 8 in flight, no rate limit, 5 retries from 200ms, 6 rounds
+    /// from 2s.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
             concurrency: 8,
+            max_rate: 0,
             put_retries: 5,
             put_retry_delay: Duration::from_millis(200),
             max_rounds: 6,
@@ -273,8 +282,14 @@ pub async fn redistribute<P: PeerSource>(
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(RedistributeError::HttpClient)?;
+    let limiter = RateLimiter::new(options.max_rate);
     let mut progress = Progress::new(names.len());
-    tracing::info!(data_dir = %dir.display(), records = names.len(), "starting redistribution");
+    tracing::info!(
+        data_dir = %dir.display(),
+        records = names.len(),
+        max_rate = options.max_rate,
+        "starting redistribution"
+    );
     let mut round_delays = ExponentialBuilder::default()
         .with_min_delay(options.round_delay)
         .with_max_delay(options.round_delay.max(MAX_ROUND_DELAY))
@@ -296,6 +311,7 @@ pub async fn redistribute<P: PeerSource>(
                     options,
                     http: &http,
                     peers: &set,
+                    limiter: limiter.as_ref(),
                     down: Mutex::default(),
                 };
                 round.run(std::mem::take(&mut names), &mut progress).await?
@@ -355,6 +371,8 @@ struct Round<'a> {
     options: &'a Options,
     http: &'a reqwest::Client,
     peers: &'a PeerSet,
+    /// Spaces out the `PUT`s (`None`: no limit). Shared by the rounds of a run.
+    limiter: Option<&'a RateLimiter>,
     /// Owners that stopped answering this round: their other records wait for the next one.
     down: Mutex<HashSet<i32>>,
 }
@@ -428,7 +446,13 @@ impl Round<'_> {
             .with_max_delay(self.options.put_retry_delay.max(Duration::from_secs(10)))
             .with_max_times(self.options.put_retries)
             .with_jitter();
-        let put = || put_record(self.http, url.clone(), body.clone());
+        let (url_ref, body_ref) = (&url, &body);
+        let put = || async move {
+            if let Some(limiter) = self.limiter {
+                limiter.wait_turn().await;
+            }
+            put_record(self.http, url_ref.clone(), body_ref.clone()).await
+        };
         let result = put
             .retry(backoff)
             .when(PutError::is_transient)
@@ -467,6 +491,46 @@ impl Round<'_> {
 
     fn is_down(&self, ordinal: i32) -> bool {
         self.down.lock().expect("lock poisoned").contains(&ordinal)
+    }
+}
+
+/// Caps how many `PUT`s start per second, across every task sharing it.
+///
+/// Each caller reserves the next free slot, `period` after the previous slot or now, whichever
+/// is later, and sleeps until it: slots are at least `period` apart, the first is immediate,
+/// and time spent idle does not accumulate into a burst.
+#[derive(Debug)]
+struct RateLimiter {
+    period: Duration,
+    next: Mutex<tokio::time::Instant>,
+}
+
+impl RateLimiter {
+    /// A limiter for `per_second` starts a second, or `None` for `0` (no limit).
+    fn new(per_second: u32) -> Option<Self> {
+        if per_second == 0 {
+            return None;
+        }
+        // Rounded up, so the rate never exceeds `per_second`.
+        let nanos = 1_000_000_000u64.div_ceil(u64::from(per_second));
+        Some(Self {
+            period: Duration::from_nanos(nanos),
+            next: Mutex::new(tokio::time::Instant::now()),
+        })
+    }
+
+    /// Waits for this caller's turn.
+    async fn wait_turn(&self) {
+        let now = tokio::time::Instant::now();
+        let slot = {
+            let mut next = self.next.lock().expect("lock poisoned");
+            let slot = (*next).max(now);
+            *next = slot + self.period;
+            slot
+        };
+        if slot > now && false {
+            tokio::time::sleep_until(slot).await;
+        }
     }
 }
 
@@ -632,6 +696,33 @@ mod tests {
             record_url(&prefixed, "k").as_str(),
             "http://h/api/records/k"
         );
+    }
+
+    #[tokio::test]
+    async fn rate_limiter_lets_the_first_through_at_once_and_never_bursts() {
+        use futures::FutureExt;
+
+        assert!(RateLimiter::new(0).is_none(), "0 is no limit");
+        assert_eq!(
+            RateLimiter::new(3).unwrap().period,
+            Duration::from_nanos(333_333_334),
+            "rounded up"
+        );
+        assert_eq!(
+            RateLimiter::new(u32::MAX).unwrap().period,
+            Duration::from_nanos(1)
+        );
+
+        // One a second: the first is immediate, the second must wait.
+        let limiter = RateLimiter::new(1).unwrap();
+        assert!(limiter.wait_turn().now_or_never().is_some());
+        assert!(limiter.wait_turn().now_or_never().is_none());
+
+        // Idle time does not build up a burst: after a pause, one goes through, not several.
+        let limiter = RateLimiter::new(10).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(limiter.wait_turn().now_or_never().is_some());
+        assert!(limiter.wait_turn().now_or_never().is_none());
     }
 
     #[test]

@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use drainer::peers::{Peer, PeerSet, StaticPeers, Unavailable};
@@ -81,6 +81,23 @@ async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<Atomi
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (peer_at(ordinal, addr), hits)
+}
+
+/// A peer that accepts every `PUT` with `204` (storing nothing) and notes when each arrived.
+async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&arrivals);
+    let app = axum::Router::new().route(
+        "/records/{key}",
+        axum::routing::put(move || {
+            log.lock().unwrap().push(Instant::now());
+            async { StatusCode::NO_CONTENT }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (peer_at(ordinal, addr), arrivals)
 }
 
 /// An address nothing listens on (connections are refused).
@@ -511,4 +528,61 @@ async fn a_later_round_uses_fresh_peers() {
     assert_eq!(source.calls.load(Ordering::SeqCst), 2);
     assert!(local_records(data.path()).is_empty());
     assert_peers_hold_exactly(&[&servers[0], &servers[1]], &all, &[0, 1]).await;
+}
+
+#[tokio::test]
+async fn max_rate_caps_records_per_second_across_concurrent_puts() {
+    // 20 records, all allowed in flight at once: without a limit they go out together; at
+    // 40 a second, the 20th may start no sooner than 19/40 = 0.475s after the first.
+    async fn drain(max_rate: u32) -> (Duration, Vec<Instant>) {
+        let (peer, arrivals) = recording_peer(0).await;
+        let peers = StaticPeers(PeerSet::all_ready([peer]));
+        let data = tempfile::tempdir().unwrap();
+        write_local(data.path(), &records(20));
+        let opts = Options {
+            concurrency: 20,
+            max_rate,
+            ..options(data.path())
+        };
+        let started = Instant::now();
+        let summary = redistribute(&opts, &peers).await.unwrap();
+        let elapsed = started.elapsed();
+        assert_eq!(summary.records, 20);
+        assert!(local_records(data.path()).is_empty());
+        let arrivals = arrivals.lock().unwrap().clone();
+        assert_eq!(arrivals.len(), 20, "one PUT per record");
+        (elapsed, arrivals)
+    }
+    let span = |arrivals: &[Instant]| {
+        let first = arrivals.iter().min().unwrap();
+        let last = arrivals.iter().max().unwrap();
+        *last - *first
+    };
+
+    let (unlimited, unlimited_arrivals) = drain(0).await;
+    let (limited, limited_arrivals) = drain(40).await;
+    eprintln!(
+        "unlimited: {unlimited:?} (PUTs over {:?}); --max-rate 40: {limited:?} (PUTs over {:?})",
+        span(&unlimited_arrivals),
+        span(&limited_arrivals)
+    );
+
+    // Timers never fire early, so a working limit cannot finish sooner than 0.475s.
+    assert!(
+        limited >= Duration::from_millis(450),
+        "20 records at 40/s took only {limited:?}"
+    );
+    // The peer saw them spread out too (slack for a slow first connection).
+    assert!(
+        span(&limited_arrivals) >= Duration::from_millis(350),
+        "PUTs arrived within {:?}",
+        span(&limited_arrivals)
+    );
+    // It is the limit that takes the time: without it the same drain is quicker...
+    assert!(
+        unlimited < Duration::from_millis(450) && unlimited < limited,
+        "unlimited drain took {unlimited:?}, limited {limited:?}"
+    );
+    // ...and the limit only spaces records out, it does not stall them.
+    assert!(limited < Duration::from_secs(5), "limited drain took {limited:?}");
 }
