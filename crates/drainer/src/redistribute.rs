@@ -528,7 +528,7 @@ impl RateLimiter {
             *next = slot + self.period;
             slot
         };
-        if slot > now && false {
+        if slot > now {
             tokio::time::sleep_until(slot).await;
         }
     }

@@ -584,5 +584,8 @@ async fn max_rate_caps_records_per_second_across_concurrent_puts() {
         "unlimited drain took {unlimited:?}, limited {limited:?}"
     );
     // ...and the limit only spaces records out, it does not stall them.
-    assert!(limited < Duration::from_secs(5), "limited drain took {limited:?}");
+    assert!(
+        limited < Duration::from_secs(5),
+        "limited drain took {limited:?}"
+    );
 }
