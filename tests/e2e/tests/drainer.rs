@@ -21,14 +21,22 @@ const RECORDS: usize = 1000;
 
 /// Applies the example's manifest (edited by `edit`) in the namespace, as a user would.
 fn apply_example(ns: &TestNamespace, edit: impl Fn(String) -> String) -> Result<()> {
-    let text = std::fs::read_to_string(repo_root().join("example/datastore/manifests/datastore.yaml"))?;
+    let text =
+        std::fs::read_to_string(repo_root().join("example/datastore/manifests/datastore.yaml"))?;
     let mut child = kubectl()
         .args(["-n", &ns.name, "apply", "-f", "-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(edit(text).as_bytes())?;
-    ensure!(child.wait()?.success(), "kubectl apply of the example failed");
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(edit(text).as_bytes())?;
+    ensure!(
+        child.wait()?.success(),
+        "kubectl apply of the example failed"
+    );
     Ok(())
 }
 
@@ -52,8 +60,10 @@ async fn write_records(
     for &o in ordinals {
         stores.insert(o, store_of(ns, o).await?);
     }
-    let records: BTreeMap<String, Vec<u8>> =
-        (0..RECORDS).map(|i| format!("rec-{i:04}")).map(|k| (k.clone(), value_of(&k))).collect();
+    let records: BTreeMap<String, Vec<u8>> = (0..RECORDS)
+        .map(|i| format!("rec-{i:04}"))
+        .map(|k| (k.clone(), value_of(&k)))
+        .collect();
     futures::stream::iter(records.iter().map(|(k, v)| {
         let store = &stores[&target(k)];
         async move { store.put(k, v.clone()).await }
@@ -78,10 +88,18 @@ async fn assert_all_records_on(
                 anyhow::bail!("record {key} is on pods {first} and {o}");
             }
             let got = store.get(&key).await?.context("listed record readable")?;
-            ensure!(records.get(&key) == Some(&got), "record {key} differs or is unknown");
+            ensure!(
+                records.get(&key) == Some(&got),
+                "record {key} differs or is unknown"
+            );
         }
     }
-    ensure!(seen.len() == records.len(), "{} of {} records found", seen.len(), records.len());
+    ensure!(
+        seen.len() == records.len(),
+        "{} of {} records found",
+        seen.len(),
+        records.len()
+    );
     Ok(())
 }
 
@@ -92,15 +110,29 @@ async fn scale_down_moves_every_record_to_the_remaining_pod() -> Result<()> {
     let _controller = ControllerProcess::start(&ns.name, &[]);
     apply_example(&ns, |t| t)?;
     wait_running(&ns, &pod_names("datastore", 0..3)).await?;
-    let records = write_records(&ns, &[0, 1, 2], |k| drainer::placement::owner(k, &[0, 1, 2])).await?;
+    let records = write_records(&ns, &[0, 1, 2], |k| {
+        drainer::placement::owner(k, &[0, 1, 2])
+    })
+    .await?;
     for o in 0..3 {
         let n = store_of(&ns, o).await?.list().await?.len();
-        assert!(n > RECORDS / 5, "pod {o} holds {n} records: placement spreads them");
+        assert!(
+            n > RECORDS / 5,
+            "pod {o} holds {n} records: placement spreads them"
+        );
     }
     let mut volumes = Vec::new();
     for o in [1, 2] {
-        let claim = ns.api::<PersistentVolumeClaim>().get(&format!("data-datastore-{o}")).await?;
-        volumes.push(claim.spec.and_then(|s| s.volume_name).context("bound volume")?);
+        let claim = ns
+            .api::<PersistentVolumeClaim>()
+            .get(&format!("data-datastore-{o}"))
+            .await?;
+        volumes.push(
+            claim
+                .spec
+                .and_then(|s| s.volume_name)
+                .context("bound volume")?,
+        );
     }
 
     scale(&ns, "datastore", 1).await?;
@@ -112,7 +144,9 @@ async fn scale_down_moves_every_record_to_the_remaining_pod() -> Result<()> {
     for v in &volumes {
         wait_for(T, &format!("volume {v} released"), || async {
             Ok(pvs.get_opt(v).await?.is_none_or(|pv| {
-                pv.status.and_then(|s| s.phase).is_some_and(|p| p == "Released")
+                pv.status
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| p == "Released")
             }))
         })
         .await?;
@@ -127,8 +161,10 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
     let _controller = ControllerProcess::start(&ns.name, &[]);
     // Two replicas, and a drain slowed to 150 records/s so it can be interrupted.
     apply_example(&ns, |t| {
-        t.replace("replicas: 3", "replicas: 2")
-            .replace(r#""--peer-port", "8080"]"#, r#""--peer-port", "8080", "--max-rate", "150"]"#)
+        t.replace("replicas: 3", "replicas: 2").replace(
+            r#""--peer-port", "8080"]"#,
+            r#""--peer-port", "8080", "--max-rate", "150"]"#,
+        )
     })?;
     wait_running(&ns, &pod_names("datastore", 0..2)).await?;
     // Everything on pod 1, the one to be drained.
@@ -139,14 +175,23 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
         wait_for(T, "drain pod datastore-1 running", || async {
             Ok(pods.get_opt("datastore-1").await?.is_some_and(|p| {
                 phase(&p) == "Running"
-                    && p.metadata.labels.unwrap_or_default().contains_key(DRAIN_POD_LABEL)
+                    && p.metadata
+                        .labels
+                        .unwrap_or_default()
+                        .contains_key(DRAIN_POD_LABEL)
             }))
         })
         .await?;
         let target = store_of(&ns, 0).await?;
-        wait_for(T, "some records moved", || async { Ok(target.list().await?.len() >= 100) }).await?;
+        wait_for(T, "some records moved", || async {
+            Ok(target.list().await?.len() >= 100)
+        })
+        .await?;
         let moved = target.list().await?.len();
-        assert!(moved < RECORDS, "the drain must still be in progress ({moved} moved)");
+        assert!(
+            moved < RECORDS,
+            "the drain must still be in progress ({moved} moved)"
+        );
         let pod = pods.get("datastore-1").await?;
         pods.delete("datastore-1", &DeleteParams::default()).await?;
         pod.metadata.uid.unwrap_or_default()
@@ -154,13 +199,21 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
     // Recreated (a new UID), resumes, finishes.
     let pods = ns.api::<Pod>();
     wait_for(T, "a new drain pod datastore-1", || async {
-        Ok(pods.get_opt("datastore-1").await?.is_some_and(|p| p.metadata.uid.as_deref() != Some(first_uid.as_str())))
+        Ok(pods
+            .get_opt("datastore-1")
+            .await?
+            .is_some_and(|p| p.metadata.uid.as_deref() != Some(first_uid.as_str())))
     })
     .await?;
     wait_claim_gone(&ns, "data-datastore-1", Duration::from_secs(120)).await?;
     assert_all_records_on(&ns, &[0], &records).await?;
     let failed = wait_event(&ns, "datastore-1", "DrainFailed").await?;
-    assert!(failed.iter().any(|e| e.contains("deleted before it finished")), "{failed:?}");
+    assert!(
+        failed
+            .iter()
+            .any(|e| e.contains("deleted before it finished")),
+        "{failed:?}"
+    );
     wait_event(&ns, "datastore", "DrainRetrying").await?;
     Ok(())
 }
@@ -174,20 +227,37 @@ async fn hook_mode_reruns_the_retry_exit_code_then_succeeds() -> Result<()> {
     // restartPolicy Never any other failure would fail the pod and show as DrainFailed.
     let script = "if [ ! -e /data/.tried ]; then touch /data/.tried; echo retry please; exit 75; fi; \
                   test \"$DRAIN_DATA_DIR\" = /data && test \"$DRAIN_ORDINAL\" = 1 && test -e /data/owner";
-    let mut template: serde_json::Value =
-        serde_json::from_str(&drain_template(script, &["data"], json!({"restartPolicy": "Never"})))?;
+    let mut template: serde_json::Value = serde_json::from_str(&drain_template(
+        script,
+        &["data"],
+        json!({"restartPolicy": "Never"}),
+    ))?;
     let container = &mut template["spec"]["containers"][0];
     container["image"] = json!("statefulset-drain.local/drainer-hook:test");
-    container["command"] = json!(["/usr/local/bin/drainer", "exec", "--no-peers", "--retry-base-delay", "200ms", "--", "sh", "-c", script]);
-    let set = SetBuilder::new("h")
-        .replicas(2)
-        .annotation("statefulsets.kubernetes.io/drainer-pod-template", template.to_string());
+    container["command"] = json!([
+        "/usr/local/bin/drainer",
+        "exec",
+        "--no-peers",
+        "--retry-base-delay",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        script
+    ]);
+    let set = SetBuilder::new("h").replicas(2).annotation(
+        "statefulsets.kubernetes.io/drainer-pod-template",
+        template.to_string(),
+    );
     start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("h", 0..2)).await?;
     scale(&ns, "h", 1).await?;
     wait_claim_gone(&ns, "data-h-1", T).await?;
     wait_pod_gone(&ns, "h-1", T).await?;
-    assert!(events(&ns, "DrainFailed").await?.is_empty(), "the retry happened inside the pod");
+    assert!(
+        events(&ns, "DrainFailed").await?.is_empty(),
+        "the retry happened inside the pod"
+    );
     wait_event(&ns, "h", "DrainSucceeded").await?;
     Ok(())
 }
