@@ -33,6 +33,9 @@ pub enum Error {
     /// Hook mode failed.
     #[error("hook failed")]
     Hook(#[from] hook::HookError),
+    /// Installing the signal handlers failed.
+    #[error("failed to install signal handlers")]
+    Signals(#[source] std::io::Error),
 }
 
 impl Error {
@@ -42,6 +45,7 @@ impl Error {
             Self::MissingContext { .. } => "MissingContext",
             Self::Redistribute(e) => e.reason(),
             Self::Hook(e) => e.reason(),
+            Self::Signals(_) => "Signals",
         }
     }
 }
@@ -75,7 +79,16 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
         request_timeout: args.request_timeout,
         progress_interval: args.progress_interval,
     };
-    let summary = redistribute::redistribute(&options, &source).await?;
+    // On SIGTERM/SIGINT (the drain pod deleted, evicted, or its node drained) stop at once:
+    // dropping the run cancels the PUTs in flight, and a file is deleted only after its PUT was
+    // acknowledged, so every record not yet moved stays for the next drain pod to resume from.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(Error::Signals)?;
+    let summary = tokio::select! {
+        summary = redistribute::redistribute(&options, &source) => summary?,
+        _ = term.recv() => return Ok(stopped("SIGTERM", 15)),
+        _ = tokio::signal::ctrl_c() => return Ok(stopped("SIGINT", 2)),
+    };
     tracing::info!(
         records = summary.records,
         bytes = summary.bytes,
@@ -83,6 +96,15 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
         "drain done"
     );
     Ok(drain_api::exit_codes::SUCCESS)
+}
+
+/// Logs a stop by signal and returns the conventional exit code (128 + signal number).
+fn stopped(signal: &str, number: i32) -> i32 {
+    tracing::warn!(
+        signal,
+        "stopping the drain; records not yet acknowledged stay for the next attempt"
+    );
+    128 + number
 }
 
 async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {

@@ -154,3 +154,49 @@ fn help_lists_both_modes() {
         "{help}"
     );
 }
+
+#[test]
+fn redistribute_stops_on_sigterm_and_keeps_unmoved_records() {
+    let home = tempfile::tempdir().unwrap();
+    // An API server that refuses connections: discovery keeps retrying in rounds.
+    let kubeconfig = home.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("k1"), b"v1").unwrap();
+    let mut child = drainer(home.path())
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["redistribute", "--round-delay", "30s", "--data-dir"])
+        .arg(data.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still retrying discovery"
+    );
+    let sent = Instant::now();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "stops promptly, not after the grace period"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        std::fs::read(data.path().join("k1")).unwrap(),
+        b"v1",
+        "record kept"
+    );
+}
