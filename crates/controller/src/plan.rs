@@ -490,9 +490,14 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
                 } => {
                     // A drain pod holds a slot until it is gone, whatever its phase.
                     busy += 1;
-                    plan_drain_pod(
-                        &mut p, o, here, pod, *phase, drained, failure, &live, &record,
-                    )
+                    let ordinal = OrdinalObs {
+                        ordinal: o,
+                        in_range: here,
+                        live: &live,
+                        record: &record,
+                        done_at: snap.previous_done.get(&o).copied(),
+                    };
+                    plan_drain_pod(&mut p, &ordinal, pod, *phase, drained, failure.as_ref())
                 }
             },
             None if here => {
@@ -594,18 +599,25 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
     p.plan
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the planner knows of one ordinal while it looks at its drain pod.
+struct OrdinalObs<'a> {
+    ordinal: i32,
+    in_range: bool,
+    live: &'a [&'a Claim],
+    record: &'a DrainRecord,
+    /// When the last report showed it done.
+    done_at: Option<Timestamp>,
+}
+
 fn plan_drain_pod(
     p: &mut Planner<'_>,
-    o: i32,
-    here: bool,
+    obs: &OrdinalObs<'_>,
     pod: &PodObs,
     phase: DrainPhase,
     drained: &BTreeMap<String, String>,
-    failure: &Option<String>,
-    live: &[&Claim],
-    record: &DrainRecord,
+    failure: Option<&String>,
 ) -> Option<OrdinalState> {
+    let (o, here, live, record) = (obs.ordinal, obs.in_range, obs.live, obs.record);
     let delete = |why| Action::DeleteDrainPod {
         ordinal: o,
         name: pod.name.clone(),
@@ -633,7 +645,7 @@ fn plan_drain_pod(
                 p.plan.actions.push(delete(DeleteWhy::Succeeded));
             }
             (!here).then(|| OrdinalState::Done {
-                at: p.now.to_string(),
+                at: obs.done_at.unwrap_or(p.now).to_string(),
             })
         }
         _ if pod.terminating => (!here).then(|| OrdinalState::Waiting {
@@ -651,7 +663,7 @@ fn plan_drain_pod(
         }
         DrainPhase::Failed => {
             let reason = failure
-                .clone()
+                .cloned()
                 .unwrap_or_else(|| "drain pod failed".to_owned());
             let state = if record.counted_pod_uid.as_deref() == Some(pod.uid.as_str()) {
                 // Counted already (a crash between counting and deleting).

@@ -831,3 +831,27 @@ proptest! {
         prop_assert_eq!(plan(&s, &settings, t(now)), plan(&s, &settings, t(now)));
     }
 }
+
+#[test]
+fn done_time_is_stable_across_reconciles_of_a_succeeded_pod() {
+    let c = claim("data", 2);
+    let mut s = snap(
+        2,
+        vec![c.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c])],
+    );
+    assert_eq!(
+        plan(&s, &settings(), t(0)).status[&2],
+        OrdinalState::Done {
+            at: t(0).to_string()
+        }
+    );
+    s.previous_done.insert(2, t(0));
+    // A later reconcile (stale cache) reports the same time: the status is not rewritten.
+    assert_eq!(
+        plan(&s, &settings(), t(5)).status[&2],
+        OrdinalState::Done {
+            at: t(0).to_string()
+        }
+    );
+}
