@@ -62,12 +62,26 @@ pub trait Cluster: Sync {
         name: &str,
         uid: &str,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Sets (`Some`) or removes (`None`) annotations on a claim; gone already is fine.
+    /// Sets (`Some`) or removes (`None`) annotations on a claim if it still has this UID; gone
+    /// (or replaced) already is fine.
     fn annotate_claim(
         &self,
         name: &str,
+        uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Whether `ordinal` is still outside the set's range, read live from the API server (a
+    /// guard against a stale cache just before a create); `false` if the set is gone or was
+    /// replaced.
+    fn still_orphaned(
+        &self,
+        ordinal: i32,
+    ) -> impl Future<Output = Result<bool, kube::Error>> + Send;
+    /// The UID of the pod holding `name` now, read live from the API server.
+    fn pod_uid(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
     /// Publishes an Event (best effort: failures are logged, not returned).
     fn event(
         &self,
@@ -108,6 +122,15 @@ pub enum ActError {
         #[source]
         source: kube::Error,
     },
+    /// Reading the set or a pod live (to confirm a cached view) failed.
+    #[error("failed to read {what}")]
+    Confirm {
+        /// What was read.
+        what: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
     /// Writing the drain record on a claim failed.
     #[error("failed to annotate claim {name}")]
     AnnotateClaim {
@@ -127,6 +150,7 @@ impl ActError {
             Self::DeleteDrainPod { .. } => "DeleteDrainPodFailed",
             Self::DeleteClaim { .. } => "DeleteClaimFailed",
             Self::AnnotateClaim { .. } => "AnnotateClaimFailed",
+            Self::Confirm { .. } => "ReadFailed",
         }
     }
 }
@@ -138,7 +162,7 @@ async fn annotate_all<C: Cluster>(
 ) -> Result<(), ActError> {
     for c in claims {
         cluster
-            .annotate_claim(&c.name, annotations)
+            .annotate_claim(&c.name, &c.uid, annotations)
             .await
             .map_err(|source| ActError::AnnotateClaim {
                 name: c.name.clone(),
@@ -192,6 +216,21 @@ async fn apply_one<C: Cluster>(
             first_attempt_at,
         } => {
             let refs: Vec<ClaimRef> = claims.values().cloned().collect();
+            let orphaned =
+                cluster
+                    .still_orphaned(*ordinal)
+                    .await
+                    .map_err(|source| ActError::Confirm {
+                        what: "the statefulset".to_owned(),
+                        source,
+                    })?;
+            if !orphaned {
+                info!(
+                    ordinal,
+                    "the ordinal is back in range (the cache lagged); no drain pod"
+                );
+                return Ok(());
+            }
             if let Some(first) = first_attempt_at {
                 annotate_all(
                     cluster,
@@ -268,7 +307,22 @@ async fn apply_one<C: Cluster>(
             retry_after,
             reason,
             gave_up,
+            only_if_pod_gone,
         } => {
+            if *only_if_pod_gone {
+                let name = template.pod_name(*ordinal);
+                let now_uid = cluster
+                    .pod_uid(&name)
+                    .await
+                    .map_err(|source| ActError::Confirm {
+                        what: format!("pod {name}"),
+                        source,
+                    })?;
+                if now_uid.as_deref() == Some(pod_uid.as_str()) {
+                    info!(pod = %name, "drain pod still exists (the cache lagged); not a failure");
+                    return Ok(());
+                }
+            }
             let record = set(&[
                 (claim_annotations::ATTEMPTS, attempts.to_string()),
                 (claim_annotations::RETRY_AFTER, retry_after.to_string()),
@@ -292,9 +346,9 @@ async fn apply_one<C: Cluster>(
                 .await;
             if *gave_up {
                 let note = format!(
-                    "{note}; giving up: claims {} are kept (remove the annotation {} from them to retry)",
-                    names(claims),
-                    claim_annotations::ATTEMPTS
+                    "{note}; giving up: claims {} are kept (remove the drain-* annotations from them, \
+                     or raise the limit, to retry)",
+                    names(claims)
                 );
                 cluster
                     .event(&Subject::Set, Severity::Warning, "DrainGaveUp", note)

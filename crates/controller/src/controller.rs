@@ -77,24 +77,47 @@ impl Error {
 /// What every reconcile shares.
 pub struct Context {
     client: Client,
-    sets: Store<StatefulSet>,
     stateful_pods: Store<PartialObjectMeta<Pod>>,
     drain_pods: Store<Pod>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Context {
+    /// Waits until every watch cache has synced. (A cache's own `wait_until_ready` wakes only
+    /// one of several concurrent waiters, so one task waits on the caches and flips this gate.)
     async fn wait_ready(&self) -> Result<(), Error> {
-        let ready = futures::try_join!(
-            self.sets.wait_until_ready(),
-            self.stateful_pods.wait_until_ready(),
-            self.drain_pods.wait_until_ready(),
-            self.claims.wait_until_ready(),
-        );
-        ready.map(|_| ()).map_err(|_| Error::CachesStopped)
+        let mut ready = self.ready.clone();
+        ready
+            .wait_for(|r| *r)
+            .await
+            .map(|_| ())
+            .map_err(|_| Error::CachesStopped)
+    }
+}
+
+/// Flips `ready` once every store has synced.
+async fn gate_readiness(
+    stores: (
+        Store<StatefulSet>,
+        Store<PartialObjectMeta<Pod>>,
+        Store<Pod>,
+        Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    ),
+    ready: tokio::sync::watch::Sender<bool>,
+) {
+    let synced = futures::try_join!(
+        stores.0.wait_until_ready(),
+        stores.1.wait_until_ready(),
+        stores.2.wait_until_ready(),
+        stores.3.wait_until_ready(),
+    );
+    if synced.is_ok() {
+        info!("watch caches synced");
+        let _ = ready.send(true);
     }
 }
 
@@ -214,15 +237,25 @@ pub async fn run(
         controller: FIELD_MANAGER.to_owned(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let (ready_tx, ready) = tokio::sync::watch::channel(false);
+    let gate = tokio::spawn(gate_readiness(
+        (
+            sets.clone(),
+            stateful_pods.clone(),
+            drain_pods.clone(),
+            claims.clone(),
+        ),
+        ready_tx,
+    ));
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
-        sets: sets.clone(),
         stateful_pods,
         drain_pods,
         claims,
         config,
         failures: Mutex::default(),
+        ready,
     });
 
     let (s1, s2, s3) = (sets.clone(), sets.clone(), sets.clone());
@@ -268,6 +301,7 @@ pub async fn run(
             }
         })
         .await;
+    gate.abort();
     info!("controller stopped");
     Ok(())
 }
@@ -285,6 +319,7 @@ fn set_reference(set: &StatefulSet) -> ObjectReference {
 
 /// The real cluster seam: one namespace, events on one StatefulSet.
 struct KubeCluster<'a> {
+    sets: Api<StatefulSet>,
     pods: Api<Pod>,
     claims: Api<PersistentVolumeClaim>,
     recorder: &'a Recorder,
@@ -333,22 +368,35 @@ impl Cluster for KubeCluster<'_> {
     async fn annotate_claim(
         &self,
         name: &str,
+        uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<(), kube::Error> {
-        let patch = json!({"metadata": {"annotations": annotations}});
+        // The UID in the patch is a precondition: a claim recreated under the name is left alone.
+        let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let r = self
-            .claims
-            .patch(name, &pp, &Patch::Merge(patch))
-            .await
-            .map(|_| ());
-        match r {
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            other => other,
+        let patched = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
+        ok_if_gone(patched.map(|_| ()))
+    }
+
+    async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
+        let name = self.set.name.clone().unwrap_or_default();
+        let Some(set) = self.sets.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        if set.metadata.uid != self.set.uid {
+            return Ok(false);
         }
+        let spec = set.spec.unwrap_or_default();
+        let start = spec.ordinals.and_then(|o| o.start).unwrap_or(0);
+        let end = start.saturating_add(spec.replicas.unwrap_or(1).max(0));
+        Ok(ordinal < start || ordinal >= end)
+    }
+
+    async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
+        Ok(self.pods.get_opt(name).await?.and_then(|p| p.metadata.uid))
     }
 
     async fn event(&self, subject: &Subject, severity: Severity, reason: &str, note: String) {
@@ -425,6 +473,10 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
     let ns = set.namespace().unwrap_or_default();
     let span = info_span!("reconcile", statefulset = %name, namespace = %ns);
     async move {
+        if !opted_in(&set) {
+            // A requeue scheduled before the set opted out (its cached copy is slimmed).
+            return Ok(Requeue::await_change());
+        }
         ctx.wait_ready().await?;
         let set_ref = set_reference(&set);
         let previous = set.annotations().get(annotations::STATUS).and_then(|t| StatusReport::parse(t));
@@ -500,6 +552,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
 
         // act
         let cluster = KubeCluster {
+            sets: Api::namespaced(ctx.client.clone(), &ns),
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
             recorder: &ctx.recorder,

@@ -224,6 +224,9 @@ pub enum Action {
         reason: String,
         /// Whether retrying stops here (attempts or deadline exhausted).
         gave_up: bool,
+        /// The pod was not seen in the cache: count it only if the API server confirms that
+        /// no pod with `pod_uid` holds the name (the cache may lag behind a fresh create).
+        only_if_pod_gone: bool,
     },
     /// Delete the drain pod (UID precondition).
     DeleteDrainPod {
@@ -388,6 +391,7 @@ impl Planner<'_> {
         record: &DrainRecord,
         pod_uid: &str,
         reason: String,
+        only_if_pod_gone: bool,
     ) -> OrdinalState {
         let attempts = record.attempts + 1;
         let retry_after = add(
@@ -410,6 +414,7 @@ impl Planner<'_> {
                 retry_after,
                 reason: reason.clone(),
                 gave_up: gave_up.is_some(),
+                only_if_pod_gone,
             });
         }
         match gave_up {
@@ -528,6 +533,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
                         &record,
                         &uid,
                         "drain pod was deleted before it finished".to_owned(),
+                        true,
                     );
                     if !matches!(state, OrdinalState::Failed { .. }) {
                         busy += 1;
@@ -680,7 +686,7 @@ fn plan_drain_pod(
                     },
                 }
             } else {
-                p.record_failure(o, live, record, &pod.uid, reason)
+                p.record_failure(o, live, record, &pod.uid, reason, false)
             };
             p.plan.actions.push(delete(DeleteWhy::Failed));
             Some(state)
@@ -697,9 +703,25 @@ fn plan_drain_pod(
                 return None;
             }
             if let Some(deadline) = p.deadline_of(record) {
+                if deadline <= p.now && record.counted_pod_uid.as_deref() == Some(pod.uid.as_str())
+                {
+                    // Counted already (a crash between counting and deleting).
+                    p.plan.actions.push(delete(DeleteWhy::DeadlineExceeded));
+                    return Some(OrdinalState::Failed {
+                        attempts: record.attempts,
+                        last_failure: record.last_failure.clone().unwrap_or_default(),
+                        reason: format!("deadline passed at {deadline}"),
+                    });
+                }
                 if deadline <= p.now {
-                    let state =
-                        p.record_failure(o, live, record, &pod.uid, "deadline exceeded".to_owned());
+                    let state = p.record_failure(
+                        o,
+                        live,
+                        record,
+                        &pod.uid,
+                        "deadline exceeded".to_owned(),
+                        false,
+                    );
                     p.plan.actions.push(delete(DeleteWhy::DeadlineExceeded));
                     return Some(state);
                 }

@@ -18,10 +18,10 @@ BIN_PAUSE=$STSD_CACHE/bin/pause-$PAUSE_HASH
 
 # Debian packages the node needs (runc, CNI plugins, iptables for the one service rule, busybox
 # for the test image) and openssl for the PKI.
-DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl)
+DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps)
 CNI_BIN_DIR=/usr/lib/cni
 
-NODE_NAME=$(hostname)
+NODE_NAME=$(hostname | tr "[:upper:]" "[:lower:]")
 BRIDGE=stsd0
 POD_SUBNET=10.244.0.0/24
 BRIDGE_IP=10.244.0.1
@@ -32,6 +32,9 @@ IPT_CHAIN=STSD-APISERVER
 CGROUP_NAME=stsd-cluster
 PAUSE_IMAGE=statefulset-drain.local/pause:$PAUSE_HASH
 HOSTPATH_PV_DIR=/tmp/hostpath_pv
+# Paths outside $STATE that the kubelet, containerd or the CNI plugins create; ./down removes
+# those that did not exist before ./up.
+OUTSIDE_PATHS=(/var/log/pods /var/log/containers /run/containerd /var/lib/cni /run/netns)
 
 STATE=$STSD_CLUSTER_DIR
 PKI=$STATE/pki
@@ -43,5 +46,5 @@ KUBECONFIG_ADMIN=$STATE/admin.kubeconfig
 say() { echo "cluster: $*" >&2; }
 die() { echo "cluster: error: $*" >&2; exit 1; }
 
-kubectl_admin() { "$BIN_K8S/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+kubectl_admin() { "$BIN_K8S/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" --request-timeout=10s "$@"; }
 ctr_node() { "$BIN_CONTAINERD/ctr" --address "$SOCK" -n k8s.io "$@"; }

@@ -230,7 +230,11 @@ impl ControllerProcess {
             ])
             .args(extra)
             .env("KUBECONFIG", kubeconfig_path())
-            .env("RUST_LOG", "info,kube=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("STSD_E2E_CONTROLLER_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .spawn()

@@ -21,6 +21,10 @@ struct Fake {
     calls: Mutex<Vec<Call>>,
     fail_on: Option<&'static str>,
     exists: bool,
+    /// The live set has the ordinal back in range.
+    back_in_range: bool,
+    /// The live pod UID behind the drain pod's name.
+    live_pod: Option<String>,
 }
 
 fn err() -> kube::Error {
@@ -75,6 +79,7 @@ impl Cluster for Fake {
     async fn annotate_claim(
         &self,
         name: &str,
+        _uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<(), kube::Error> {
         let pairs = annotations
@@ -82,6 +87,12 @@ impl Cluster for Fake {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         self.push(Call::Annotate(name.to_owned(), pairs), "annotate")
+    }
+    async fn still_orphaned(&self, _ordinal: i32) -> Result<bool, kube::Error> {
+        Ok(!self.back_in_range)
+    }
+    async fn pod_uid(&self, _name: &str) -> Result<Option<String>, kube::Error> {
+        Ok(self.live_pod.clone())
     }
     async fn event(&self, _: &Subject, _: Severity, reason: &str, _: String) {
         self.calls
@@ -240,6 +251,7 @@ async fn a_failed_failure_record_stops_before_the_pod_delete() {
             retry_after: now(),
             reason: "x".to_owned(),
             gave_up: false,
+            only_if_pod_gone: false,
         },
         Action::DeleteDrainPod {
             ordinal: 2,
@@ -271,6 +283,7 @@ async fn giving_up_is_a_warning_on_the_set() {
         retry_after: now(),
         reason: "container drain exited with code 1".to_owned(),
         gave_up: true,
+        only_if_pod_gone: false,
     };
     apply(&fake, &template(), 2, &[action], now())
         .await
@@ -300,4 +313,53 @@ async fn clearing_removes_every_drain_annotation() {
     };
     assert_eq!(pairs.len(), claim_annotations::ALL.len());
     assert!(pairs.iter().all(|(_, v)| v.is_none()));
+}
+
+#[tokio::test]
+async fn no_drain_pod_when_the_live_set_has_the_ordinal_back() {
+    let fake = Fake {
+        back_in_range: true,
+        ..Fake::default()
+    };
+    apply(&fake, &template(), 2, &[create(1, true)], now())
+        .await
+        .unwrap();
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+fn vanished() -> Action {
+    Action::RecordFailure {
+        ordinal: 2,
+        claims: vec![claim(2)],
+        pod_uid: "p".to_owned(),
+        attempts: 1,
+        retry_after: now(),
+        reason: "drain pod was deleted before it finished".to_owned(),
+        gave_up: false,
+        only_if_pod_gone: true,
+    }
+}
+
+#[tokio::test]
+async fn a_vanished_pod_that_the_api_server_still_has_is_not_a_failure() {
+    let fake = Fake {
+        live_pod: Some("p".to_owned()),
+        ..Fake::default()
+    };
+    apply(&fake, &template(), 2, &[vanished()], now())
+        .await
+        .unwrap();
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+}
+
+#[tokio::test]
+async fn a_vanished_pod_confirmed_gone_is_counted() {
+    let fake = Fake {
+        live_pod: Some("another-uid".to_owned()),
+        ..Fake::default()
+    };
+    apply(&fake, &template(), 2, &[vanished()], now())
+        .await
+        .unwrap();
+    assert!(matches!(&fake.calls()[0], Call::Annotate(..)));
 }

@@ -368,6 +368,7 @@ fn failure_is_counted_with_backoff_then_the_pod_deleted() {
                 retry_after: t(10),
                 reason: "exit code 1".to_owned(),
                 gave_up: false,
+                only_if_pod_gone: false,
             },
             delete_pod(2, DeleteWhy::Failed),
         ]
@@ -434,6 +435,7 @@ fn a_drain_pod_deleted_by_someone_counts_as_a_failure() {
             retry_after: t(10),
             reason: "drain pod was deleted before it finished".to_owned(),
             gave_up: false,
+            only_if_pod_gone: true,
         }]
     );
 }
@@ -854,4 +856,28 @@ fn done_time_is_stable_across_reconciles_of_a_succeeded_pod() {
             at: t(0).to_string()
         }
     );
+}
+
+#[test]
+fn a_deadline_failure_is_not_counted_twice() {
+    let record = DrainRecord {
+        attempts: 1,
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let s = Settings {
+        deadline: Some(Duration::from_secs(50)),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c], pods), &s, t(0));
+    assert_eq!(
+        plan.actions,
+        vec![delete_pod(2, DeleteWhy::DeadlineExceeded)]
+    );
+    assert!(matches!(
+        plan.status[&2],
+        OrdinalState::Failed { attempts: 1, .. }
+    ));
 }
