@@ -99,21 +99,22 @@ impl Context {
     }
 }
 
-/// Flips `ready` once every store has synced.
-async fn gate_readiness(
-    stores: (
-        Store<StatefulSet>,
-        Store<PartialObjectMeta<Pod>>,
-        Store<Pod>,
-        Store<PartialObjectMeta<PersistentVolumeClaim>>,
-    ),
-    ready: tokio::sync::watch::Sender<bool>,
-) {
+/// The watch caches.
+#[derive(Clone)]
+struct Caches {
+    sets: Store<StatefulSet>,
+    stateful_pods: Store<PartialObjectMeta<Pod>>,
+    drain_pods: Store<Pod>,
+    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+}
+
+/// Flips `ready` once every cache has synced.
+async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
     let synced = futures::try_join!(
-        stores.0.wait_until_ready(),
-        stores.1.wait_until_ready(),
-        stores.2.wait_until_ready(),
-        stores.3.wait_until_ready(),
+        caches.sets.wait_until_ready(),
+        caches.stateful_pods.wait_until_ready(),
+        caches.drain_pods.wait_until_ready(),
+        caches.claims.wait_until_ready(),
     );
     if synced.is_ok() {
         info!("watch caches synced");
@@ -239,12 +240,12 @@ pub async fn run(
     };
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let gate = tokio::spawn(gate_readiness(
-        (
-            sets.clone(),
-            stateful_pods.clone(),
-            drain_pods.clone(),
-            claims.clone(),
-        ),
+        Caches {
+            sets: sets.clone(),
+            stateful_pods: stateful_pods.clone(),
+            drain_pods: drain_pods.clone(),
+            claims: claims.clone(),
+        },
         ready_tx,
     ));
     let ctx = Arc::new(Context {

@@ -150,3 +150,37 @@ pub async fn wait_event(ns: &TestNamespace, object: &str, reason: &str) -> Resul
         .filter(|e| e.starts_with(&prefix))
         .collect())
 }
+
+/// Whether the pod is a drain pod.
+pub fn is_drain_pod(p: &Pod) -> bool {
+    p.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DRAIN_POD_LABEL))
+}
+
+/// Waits until `name` is a drain pod (in `phase`, if given) and returns it.
+pub async fn wait_drain_pod(ns: &TestNamespace, name: &str, phase_is: Option<&str>) -> Result<Pod> {
+    let pods = ns.api::<Pod>();
+    let what = format!("drain pod {name} {}", phase_is.unwrap_or(""));
+    wait_for(T, &what, || async {
+        Ok(pods
+            .get_opt(name)
+            .await?
+            .is_some_and(|p| is_drain_pod(&p) && phase_is.is_none_or(|want| phase(&p) == want)))
+    })
+    .await?;
+    Ok(pods.get(name).await?)
+}
+
+/// Waits until `name` is the StatefulSet's own pod again (not a drain pod), Running and Ready.
+pub async fn wait_stateful_pod_back(ns: &TestNamespace, name: &str) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    wait_for(T, &format!("stateful pod {name} back"), || async {
+        Ok(pods
+            .get_opt(name)
+            .await?
+            .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
+    })
+    .await
+}

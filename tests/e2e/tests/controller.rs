@@ -66,17 +66,7 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 
     scale(&ns, "web", 2).await?;
     let pods = ns.api::<Pod>();
-    wait_for(T, "drain pod web-2", || async {
-        Ok(pods.get_opt("web-2").await?.is_some_and(|p| {
-            p.metadata
-                .labels
-                .unwrap_or_default()
-                .get(DRAIN_POD_LABEL)
-                .map(String::as_str)
-                == Some("web")
-        }))
-    })
-    .await?;
+    wait_drain_pod(&ns, "web-2", None).await?;
     let drain = pods.get("web-2").await?;
     let spec = drain.spec.clone().unwrap();
     assert_eq!(spec.hostname.as_deref(), Some("web-2"));
@@ -276,30 +266,10 @@ async fn scale_up_during_a_drain_finishes_it_and_the_returning_pod_gets_a_fresh_
     wait_running(&ns, &pod_names("f", 0..2)).await?;
     let old = claim_uid(&ns, "data-f-1").await?;
     scale(&ns, "f", 1).await?;
-    let pods = ns.api::<Pod>();
-    wait_for(T, "drain pod f-1 running", || async {
-        Ok(pods.get_opt("f-1").await?.is_some_and(|p| {
-            phase(&p) == "Running"
-                && p.metadata
-                    .labels
-                    .unwrap_or_default()
-                    .contains_key(DRAIN_POD_LABEL)
-        }))
-    })
-    .await?;
+    wait_drain_pod(&ns, "f-1", Some("Running")).await?;
     scale(&ns, "f", 2).await?;
     // The stateful pod comes back only after the drain, on a fresh claim with no old data.
-    wait_for(T, "stateful pod f-1 back", || async {
-        Ok(pods.get_opt("f-1").await?.is_some_and(|p| {
-            !p.metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .contains_key(DRAIN_POD_LABEL)
-                && running_ready(&p)
-        }))
-    })
-    .await?;
+    wait_stateful_pod_back(&ns, "f-1").await?;
     let fresh = claim_uid(&ns, "data-f-1").await?;
     assert_ne!(
         old, fresh,
@@ -323,29 +293,9 @@ async fn scale_up_during_a_drain_with_cancel_gives_the_returning_pod_its_data() 
     wait_running(&ns, &pod_names("c", 0..2)).await?;
     let old = claim_uid(&ns, "data-c-1").await?;
     scale(&ns, "c", 1).await?;
-    let pods = ns.api::<Pod>();
-    wait_for(T, "drain pod c-1 running", || async {
-        Ok(pods.get_opt("c-1").await?.is_some_and(|p| {
-            phase(&p) == "Running"
-                && p.metadata
-                    .labels
-                    .unwrap_or_default()
-                    .contains_key(DRAIN_POD_LABEL)
-        }))
-    })
-    .await?;
+    wait_drain_pod(&ns, "c-1", Some("Running")).await?;
     scale(&ns, "c", 2).await?;
-    wait_for(T, "stateful pod c-1 back", || async {
-        Ok(pods.get_opt("c-1").await?.is_some_and(|p| {
-            !p.metadata
-                .labels
-                .clone()
-                .unwrap_or_default()
-                .contains_key(DRAIN_POD_LABEL)
-                && running_ready(&p)
-        }))
-    })
-    .await?;
+    wait_stateful_pod_back(&ns, "c-1").await?;
     assert_eq!(
         claim_uid(&ns, "data-c-1").await?,
         old,
@@ -375,24 +325,9 @@ async fn the_controller_killed_mid_drain_resumes_after_a_restart() -> Result<()>
     .await?;
     wait_running(&ns, &pod_names("k", 0..2)).await?;
     scale(&ns, "k", 1).await?;
-    let pods = ns.api::<Pod>();
-    wait_for(T, "drain pod k-1", || async {
-        Ok(pods.get_opt("k-1").await?.is_some_and(|p| {
-            p.metadata
-                .labels
-                .unwrap_or_default()
-                .contains_key(DRAIN_POD_LABEL)
-        }))
-    })
-    .await?;
+    wait_drain_pod(&ns, "k-1", None).await?;
     controller.kill();
-    wait_for(T, "drain pod k-1 Succeeded", || async {
-        Ok(pods
-            .get_opt("k-1")
-            .await?
-            .is_some_and(|p| phase(&p) == "Succeeded"))
-    })
-    .await?;
+    wait_drain_pod(&ns, "k-1", Some("Succeeded")).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claim = ns.api::<PersistentVolumeClaim>().get("data-k-1").await?;
     assert!(

@@ -172,16 +172,7 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
     let first_uid = {
         scale(&ns, "datastore", 1).await?;
         let pods = ns.api::<Pod>();
-        wait_for(T, "drain pod datastore-1 running", || async {
-            Ok(pods.get_opt("datastore-1").await?.is_some_and(|p| {
-                phase(&p) == "Running"
-                    && p.metadata
-                        .labels
-                        .unwrap_or_default()
-                        .contains_key(DRAIN_POD_LABEL)
-            }))
-        })
-        .await?;
+        wait_drain_pod(&ns, "datastore-1", Some("Running")).await?;
         let target = store_of(&ns, 0).await?;
         wait_for(T, "some records moved", || async {
             Ok(target.list().await?.len() >= 100)

@@ -6,48 +6,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::objects::{SetBuilder, job_pod};
+use e2e::ops::{T, bound, pod_names, running_ready, scale, start_set, wait_pod_gone, wait_running};
 use e2e::{TestNamespace, client, wait_for};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
-use kube::api::{Patch, PatchParams, PostParams};
-
-const T: Duration = Duration::from_secs(90);
-
-fn pod_running_ready(p: &Pod) -> bool {
-    let st = p.status.as_ref();
-    st.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && st
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn claim_bound(c: &PersistentVolumeClaim) -> bool {
-    c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-}
-
-async fn start_set(ns: &TestNamespace, set: &SetBuilder) -> Result<()> {
-    ns.api::<Service>()
-        .create(&PostParams::default(), &set.service())
-        .await?;
-    ns.api::<StatefulSet>()
-        .create(&PostParams::default(), &set.build())
-        .await?;
-    Ok(())
-}
-
-async fn wait_running(ns: &TestNamespace, names: &[&str]) -> Result<()> {
-    let pods = ns.api::<Pod>();
-    for n in names {
-        wait_for(T, &format!("pod {n} Running and Ready"), || async {
-            Ok(pods
-                .get_opt(n)
-                .await?
-                .is_some_and(|p| pod_running_ready(&p)))
-        })
-        .await?;
-    }
-    Ok(())
-}
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::PostParams;
 
 #[tokio::test]
 async fn statefulset_runs_with_bound_claims_on_kubernetes_1_36() -> Result<()> {
@@ -61,11 +23,11 @@ async fn statefulset_runs_with_bound_claims_on_kubernetes_1_36() -> Result<()> {
 
     let ns = TestNamespace::new(&client, "bed-run").await?;
     start_set(&ns, &SetBuilder::new("web")).await?;
-    wait_running(&ns, &["web-0", "web-1", "web-2"]).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
     let claims = ns.api::<PersistentVolumeClaim>();
     for i in 0..3 {
         let c = claims.get(&format!("data-web-{i}")).await?;
-        assert!(claim_bound(&c), "data-web-{i} is not Bound: {:?}", c.status);
+        assert!(bound(&c), "data-web-{i} is not Bound: {:?}", c.status);
         assert!(
             c.spec
                 .and_then(|s| s.volume_name)
@@ -80,20 +42,11 @@ async fn scale_down_deletes_the_pod_and_strands_its_claim() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "bed-scale").await?;
     start_set(&ns, &SetBuilder::new("web")).await?;
-    wait_running(&ns, &["web-0", "web-1", "web-2"]).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
 
-    ns.api::<StatefulSet>()
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
-        )
-        .await?;
+    scale(&ns, "web", 2).await?;
     let pods = ns.api::<Pod>();
-    wait_for(T, "pod web-2 gone", || async {
-        Ok(pods.get_opt("web-2").await?.is_none())
-    })
-    .await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
     // Give the StatefulSet controller time to act on the claim, if it ever would.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claim = ns.api::<PersistentVolumeClaim>().get("data-web-2").await?;
@@ -102,14 +55,14 @@ async fn scale_down_deletes_the_pod_and_strands_its_claim() -> Result<()> {
         "claim is being deleted"
     );
     assert!(
-        claim_bound(&claim),
+        bound(&claim),
         "data-web-2 should stay Bound: {:?}",
         claim.status
     );
     assert!(
         pods.get_opt("web-1")
             .await?
-            .is_some_and(|p| pod_running_ready(&p))
+            .is_some_and(|p| running_ready(&p))
     );
     Ok(())
 }
@@ -119,20 +72,11 @@ async fn run_to_completion_pod_reads_data_an_earlier_pod_wrote() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "bed-data").await?;
     start_set(&ns, &SetBuilder::new("web").replicas(1)).await?;
-    wait_running(&ns, &["web-0"]).await?;
+    wait_running(&ns, &pod_names("web", 0..1)).await?;
     // web-0 wrote its hostname to /data/owner; stop it and read the file from another pod.
-    ns.api::<StatefulSet>()
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
-        )
-        .await?;
+    scale(&ns, "web", 0).await?;
     let pods = ns.api::<Pod>();
-    wait_for(T, "pod web-0 gone", || async {
-        Ok(pods.get_opt("web-0").await?.is_none())
-    })
-    .await?;
+    wait_pod_gone(&ns, "web-0", T).await?;
     pods.create(
         &PostParams::default(),
         &job_pod(
