@@ -87,8 +87,7 @@ pub struct Context {
 }
 
 impl Context {
-    /// Waits until every watch cache has synced. (A cache's own `wait_until_ready` wakes only
-    /// one of several concurrent waiters, so one task waits on the caches and flips this gate.)
+    /// Waits until every watch cache has synced (see [`gate_readiness`]).
     async fn wait_ready(&self) -> Result<(), Error> {
         let mut ready = self.ready.clone();
         ready
@@ -99,19 +98,19 @@ impl Context {
     }
 }
 
-/// The watch caches.
+/// The caches of the secondary watches (the StatefulSet cache is the controller's own).
 #[derive(Clone)]
 struct Caches {
-    sets: Store<StatefulSet>,
     stateful_pods: Store<PartialObjectMeta<Pod>>,
     drain_pods: Store<Pod>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
 }
 
-/// Flips `ready` once every cache has synced.
+/// Flips `ready` once every secondary cache has synced. Each cache gets exactly one waiter, this
+/// task: `Store::wait_until_ready` wakes only one of several concurrent waiters, and the
+/// kube-runtime controller already waits on the StatefulSet cache before any reconcile runs.
 async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
     let synced = futures::try_join!(
-        caches.sets.wait_until_ready(),
         caches.stateful_pods.wait_until_ready(),
         caches.drain_pods.wait_until_ready(),
         caches.claims.wait_until_ready(),
@@ -241,7 +240,6 @@ pub async fn run(
     let (ready_tx, ready) = tokio::sync::watch::channel(false);
     let gate = tokio::spawn(gate_readiness(
         Caches {
-            sets: sets.clone(),
             stateful_pods: stateful_pods.clone(),
             drain_pods: drain_pods.clone(),
             claims: claims.clone(),
