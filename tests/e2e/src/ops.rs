@@ -184,3 +184,19 @@ pub async fn wait_stateful_pod_back(ns: &TestNamespace, name: &str) -> Result<()
     })
     .await
 }
+
+/// Fails unless every named claim still exists, is Bound and is not being deleted.
+pub async fn assert_claims_kept(ns: &TestNamespace, names: &[&str]) -> Result<()> {
+    let claims = ns.api::<PersistentVolumeClaim>();
+    for c in names {
+        let claim = claims.get_opt(c).await?;
+        anyhow::ensure!(
+            claim
+                .as_ref()
+                .is_some_and(|cl| cl.metadata.deletion_timestamp.is_none() && bound(cl)),
+            "claim {c} was touched: {:?}",
+            claim.map(|cl| (cl.metadata.deletion_timestamp, cl.status))
+        );
+    }
+    Ok(())
+}

@@ -91,13 +91,7 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 
     wait_claim_gone(&ns, "data-web-2", T).await?;
     wait_pod_gone(&ns, "web-2", T).await?;
-    for c in ["data-web-0", "data-web-1"] {
-        let claim = ns.api::<PersistentVolumeClaim>().get(c).await?;
-        assert!(
-            claim.metadata.deletion_timestamp.is_none() && bound(&claim),
-            "{c} touched"
-        );
-    }
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     wait_event(&ns, "web", "DrainSucceeded").await?;
     wait_event(&ns, "web", "ClaimsDeleted").await?;
     wait_event(&ns, "web-2", "DrainPodCreated").await?;
@@ -166,15 +160,7 @@ async fn two_claim_templates_are_drained_and_deleted_together() -> Result<()> {
     wait_claim_gone(&ns, "data-kv-1", T).await?;
     wait_claim_gone(&ns, "logs-kv-1", T).await?;
     wait_pod_gone(&ns, "kv-1", T).await?;
-    for c in ["data-kv-0", "logs-kv-0"] {
-        assert!(
-            ns.api::<PersistentVolumeClaim>()
-                .get_opt(c)
-                .await?
-                .is_some(),
-            "{c} kept"
-        );
-    }
+    assert_claims_kept(&ns, &["data-kv-0", "logs-kv-0"]).await?;
     Ok(())
 }
 
@@ -188,15 +174,7 @@ async fn ordinals_start_is_respected() -> Result<()> {
     scale(&ns, "st", 2).await?;
     wait_claim_gone(&ns, "data-st-7", T).await?;
     wait_pod_gone(&ns, "st-7", T).await?;
-    for c in ["data-st-5", "data-st-6"] {
-        assert!(
-            ns.api::<PersistentVolumeClaim>()
-                .get_opt(c)
-                .await?
-                .is_some(),
-            "{c} kept"
-        );
-    }
+    assert_claims_kept(&ns, &["data-st-5", "data-st-6"]).await?;
     Ok(())
 }
 
