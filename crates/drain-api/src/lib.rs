@@ -96,3 +96,261 @@ pub mod exit_codes {
     /// The drainer failed for good in this attempt; the pod fails and the controller retries it.
     pub const FAILURE: i32 = 1;
 }
+
+/// How a StatefulSet names its pods and claims, and which ordinals it holds: the one naming
+/// contract the controller, the drainer and the tests share. Pure functions, no Kubernetes types.
+///
+/// A StatefulSet `web` names its pod of ordinal 2 `web-2` ([`pod_name`]) and that pod's claim
+/// from the claim template `data` `data-web-2` ([`claim_name`]). Ordinals are written in plain
+/// decimal ([`parse_ordinal`]), and a set holds the ordinals `[start, start + replicas)`
+/// ([`OrdinalRange`]).
+pub mod names {
+    /// The name of the pod with `ordinal` of the StatefulSet `set`: `<set>-<ordinal>`.
+    pub fn pod_name(set: &str, ordinal: i32) -> String {
+        format!("{set}-{ordinal}")
+    }
+
+    /// The name of the claim from `claim_template` of the pod with `ordinal` of the StatefulSet
+    /// `set`: `<template>-<set>-<ordinal>`.
+    pub fn claim_name(claim_template: &str, set: &str, ordinal: i32) -> String {
+        format!("{claim_template}-{set}-{ordinal}")
+    }
+
+    /// Parses an ordinal as the StatefulSet controller writes it: plain decimal, digits only, no
+    /// sign, no leading zero (except `0` itself), within `i32`.
+    pub fn parse_ordinal(s: &str) -> Option<i32> {
+        let canonical = !s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s == "0" || !s.starts_with('0'));
+        if canonical { s.parse().ok() } else { None }
+    }
+
+    /// The ordinal of a pod of the StatefulSet `set`, if `name` is `<set>-<ordinal>`.
+    pub fn parse_pod_name(name: &str, set: &str) -> Option<i32> {
+        parse_ordinal(name.strip_prefix(set)?.strip_prefix('-')?)
+    }
+
+    /// The claim template and ordinal of a claim of the StatefulSet `set`, if `name` is
+    /// `<template>-<set>-<ordinal>` for one of the set's claim `templates`.
+    pub fn parse_claim_name<'t>(
+        name: &str,
+        set: &str,
+        templates: &'t [String],
+    ) -> Option<(&'t str, i32)> {
+        let (rest, ordinal) = name.rsplit_once('-')?;
+        let ordinal = parse_ordinal(ordinal)?;
+        let template = rest.strip_suffix(set)?.strip_suffix('-')?;
+        templates
+            .iter()
+            .find(|t| *t == template)
+            .map(|t| (t.as_str(), ordinal))
+    }
+
+    /// Every StatefulSet name a claim called `name` could belong to, whatever the set's claim
+    /// templates: in `<template>-<set>-<ordinal>`, each non-empty suffix after a dash of
+    /// `<template>-<set>`. Empty unless `name` ends in `-<ordinal>`.
+    pub fn claim_set_candidates(name: &str) -> Vec<&str> {
+        let Some((rest, ordinal)) = name.rsplit_once('-') else {
+            return Vec::new();
+        };
+        if parse_ordinal(ordinal).is_none() {
+            return Vec::new();
+        }
+        rest.match_indices('-')
+            .map(|(i, _)| &rest[i + 1..])
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    /// The ordinals a StatefulSet holds: `[start, start + replicas)`, from `spec.ordinals.start`
+    /// and `spec.replicas`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct OrdinalRange {
+        /// The first ordinal (`spec.ordinals.start`).
+        pub start: i32,
+        /// How many ordinals (`spec.replicas`), never negative.
+        pub replicas: i32,
+    }
+
+    impl OrdinalRange {
+        /// The range of a set with these `spec.ordinals.start` and `spec.replicas`, defaulted as
+        /// Kubernetes does (start 0, replicas 1); negative replicas count as 0.
+        pub fn new(start: Option<i32>, replicas: Option<i32>) -> Self {
+            Self {
+                start: start.unwrap_or(0),
+                replicas: replicas.unwrap_or(1).max(0),
+            }
+        }
+
+        /// One past the last ordinal (`start + replicas`, saturating at `i32::MAX`).
+        pub fn end(&self) -> i32 {
+            self.start.saturating_add(self.replicas)
+        }
+
+        /// Whether the set holds `ordinal`.
+        pub fn contains(&self, ordinal: i32) -> bool {
+            self.start <= ordinal && ordinal < self.end()
+        }
+
+        /// The ordinals, lowest first.
+        pub fn iter(&self) -> impl Iterator<Item = i32> + use<> {
+            self.start..self.end()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use proptest::prelude::*;
+        use rstest::rstest;
+
+        fn templates(names: &[&str]) -> Vec<String> {
+            names.iter().map(|s| (*s).to_owned()).collect()
+        }
+
+        #[test]
+        fn formats_pod_and_claim_names() {
+            assert_eq!(pod_name("web", 2), "web-2");
+            assert_eq!(pod_name("my-web", 0), "my-web-0");
+            assert_eq!(claim_name("data", "web", 2), "data-web-2");
+            assert_eq!(claim_name("my-data", "my-web", 10), "my-data-my-web-10");
+        }
+
+        #[rstest]
+        #[case("0", Some(0))]
+        #[case("7", Some(7))]
+        #[case("10", Some(10))]
+        #[case("2147483647", Some(i32::MAX))]
+        #[case("2147483648", None)]
+        #[case("", None)]
+        #[case("00", None)]
+        #[case("02", None)]
+        #[case("+2", None)]
+        #[case("-2", None)]
+        #[case(" 2", None)]
+        #[case("2x", None)]
+        #[case("٣", None)]
+        fn ordinals(#[case] text: &str, #[case] want: Option<i32>) {
+            assert_eq!(parse_ordinal(text), want);
+        }
+
+        #[rstest]
+        #[case("data-web-2", "web", &["data"], Some(("data", 2)))]
+        #[case("data-web-0", "web", &["data"], Some(("data", 0)))]
+        #[case("data-web-10", "web", &["data"], Some(("data", 10)))]
+        #[case("my-data-web-3", "web", &["data", "my-data"], Some(("my-data", 3)))]
+        #[case("data-my-web-1", "my-web", &["data"], Some(("data", 1)))]
+        #[case("data-my-web-1", "web", &["data"], None)]
+        #[case("data-web-02", "web", &["data"], None)]
+        #[case("data-web-+2", "web", &["data"], None)]
+        #[case("data-web--2", "web", &["data"], None)]
+        #[case("data-web-2x", "web", &["data"], None)]
+        #[case("data-web-", "web", &["data"], None)]
+        #[case("logs-web-2", "web", &["data"], None)]
+        #[case("data-web2-2", "web", &["data"], None)]
+        #[case("data-web-99999999999", "web", &["data"], None)]
+        #[case("data-web-2", "web", &[], None)]
+        fn claim_names(
+            #[case] name: &str,
+            #[case] set: &str,
+            #[case] tmpl: &[&str],
+            #[case] want: Option<(&str, i32)>,
+        ) {
+            let t = templates(tmpl);
+            assert_eq!(parse_claim_name(name, set, &t), want);
+        }
+
+        #[rstest]
+        #[case("web-2", "web", Some(2))]
+        #[case("web-0", "web", Some(0))]
+        #[case("web-12", "web", Some(12))]
+        #[case("web-02", "web", None)]
+        #[case("web-012", "web", None)]
+        #[case("web-+1", "web", None)]
+        #[case("web--1", "web", None)]
+        #[case("web-", "web", None)]
+        #[case("web2", "web", None)]
+        #[case("web0", "web", None)]
+        #[case("my-web-1", "web", None)]
+        #[case("web-a-0", "web", None)]
+        #[case("web-a-0", "web-a", Some(0))]
+        #[case("web-x", "web", None)]
+        fn pod_names(#[case] name: &str, #[case] set: &str, #[case] want: Option<i32>) {
+            assert_eq!(parse_pod_name(name, set), want);
+        }
+
+        #[test]
+        fn claim_candidates_cover_every_split() {
+            assert_eq!(claim_set_candidates("a-b-c-3"), vec!["b-c", "c"]);
+            assert!(claim_set_candidates("a-b-c").is_empty());
+            assert!(claim_set_candidates("a-b-03").is_empty());
+            assert!(claim_set_candidates("nodash").is_empty());
+        }
+
+        #[rstest]
+        #[case(None, None, OrdinalRange { start: 0, replicas: 1 }, &[0])]
+        #[case(Some(3), Some(2), OrdinalRange { start: 3, replicas: 2 }, &[3, 4])]
+        #[case(None, Some(0), OrdinalRange { start: 0, replicas: 0 }, &[])]
+        #[case(Some(5), Some(-4), OrdinalRange { start: 5, replicas: 0 }, &[])]
+        fn ordinal_ranges(
+            #[case] start: Option<i32>,
+            #[case] replicas: Option<i32>,
+            #[case] want: OrdinalRange,
+            #[case] ordinals: &[i32],
+        ) {
+            let range = OrdinalRange::new(start, replicas);
+            assert_eq!(range, want);
+            assert_eq!(range.iter().collect::<Vec<_>>(), ordinals);
+            assert_eq!(range.end(), want.start + want.replicas);
+            for o in -1..10 {
+                assert_eq!(range.contains(o), ordinals.contains(&o), "ordinal {o}");
+            }
+        }
+
+        #[test]
+        fn ordinal_range_saturates_instead_of_overflowing() {
+            let range = OrdinalRange::new(Some(i32::MAX - 1), Some(i32::MAX));
+            assert_eq!(range.end(), i32::MAX);
+            assert!(range.contains(i32::MAX - 1));
+            assert!(!range.contains(i32::MAX - 2));
+            assert_eq!(range.iter().collect::<Vec<_>>(), [i32::MAX - 1]);
+        }
+
+        proptest! {
+            #[test]
+            fn names_round_trip(
+                set in "[a-z0-9-]{1,20}",
+                template in "[a-z0-9-]{1,20}",
+                ordinal in 0..=i32::MAX,
+            ) {
+                prop_assert_eq!(parse_ordinal(&ordinal.to_string()), Some(ordinal));
+                prop_assert_eq!(parse_pod_name(&pod_name(&set, ordinal), &set), Some(ordinal));
+                let claim = claim_name(&template, &set, ordinal);
+                let templates = [template.clone()];
+                prop_assert_eq!(
+                    parse_claim_name(&claim, &set, &templates),
+                    Some((template.as_str(), ordinal))
+                );
+                prop_assert!(claim_set_candidates(&claim).contains(&set.as_str()));
+            }
+
+            #[test]
+            fn negative_ordinals_never_parse(set in "[a-z0-9-]{1,20}", ordinal in i32::MIN..0) {
+                prop_assert_eq!(parse_ordinal(&ordinal.to_string()), None);
+                prop_assert_eq!(parse_pod_name(&pod_name(&set, ordinal), &set), None);
+            }
+
+            #[test]
+            fn a_range_holds_exactly_its_ordinals(
+                start in proptest::option::of(any::<i32>()),
+                replicas in proptest::option::of(-3..50i32),
+                ordinal in any::<i32>(),
+            ) {
+                let range = OrdinalRange::new(start, replicas);
+                let held = range.iter().any(|o| o == ordinal);
+                prop_assert_eq!(range.contains(ordinal), held);
+                prop_assert!(range.iter().count() <= range.replicas as usize);
+            }
+        }
+    }
+}
