@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 
+use drain_api::names::{OrdinalRange, parse_pod_name};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -345,16 +346,12 @@ pub fn selector_string(name: &str, selector: Option<&LabelSelector>) -> Result<S
 /// The peer set of `target` given the live StatefulSet and the pods matching its selector.
 pub fn select(set: &StatefulSet, pods: &[Pod], target: &Target) -> Result<PeerSet, PeersError> {
     let spec = set.spec.as_ref();
-    let replicas = spec.and_then(|s| s.replicas).unwrap_or(1).max(0);
-    let start = spec
-        .and_then(|s| s.ordinals.as_ref())
-        .and_then(|o| o.start)
-        .unwrap_or(0);
-    let in_range = |ordinal: i32| {
-        ordinal >= start && i64::from(ordinal) < i64::from(start) + i64::from(replicas)
-    };
-    let members: Vec<i32> = (0..replicas)
-        .filter_map(|i| start.checked_add(i))
+    let range = OrdinalRange::new(
+        spec.and_then(|s| s.ordinals.as_ref()).and_then(|o| o.start),
+        spec.and_then(|s| s.replicas),
+    );
+    let members: Vec<i32> = range
+        .iter()
         .filter(|&o| o != target.drained_ordinal)
         .collect();
 
@@ -363,11 +360,11 @@ pub fn select(set: &StatefulSet, pods: &[Pod], target: &Target) -> Result<PeerSe
         let Some(name) = pod.metadata.name.as_deref() else {
             continue;
         };
-        let Some(ordinal) = pod_ordinal(&target.statefulset, name) else {
+        let Some(ordinal) = parse_pod_name(name, &target.statefulset) else {
             continue;
         };
         if ordinal == target.drained_ordinal
-            || !in_range(ordinal)
+            || !range.contains(ordinal)
             || pod.metadata.deletion_timestamp.is_some()
             || !is_ready(pod)
         {
@@ -397,13 +394,6 @@ pub fn select(set: &StatefulSet, pods: &[Pod], target: &Target) -> Result<PeerSe
     Ok(PeerSet { members, ready })
 }
 
-/// The ordinal of pod `name` of set `set` (`<set>-<ordinal>`, canonical decimal), if it is one.
-pub fn pod_ordinal(set: &str, name: &str) -> Option<i32> {
-    let suffix = name.strip_prefix(set)?.strip_prefix('-')?;
-    let ordinal: i32 = suffix.parse().ok()?;
-    (ordinal >= 0 && ordinal.to_string() == suffix).then_some(ordinal)
-}
-
 fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
@@ -421,7 +411,6 @@ mod tests {
     use k8s_openapi::api::apps::v1::{StatefulSetOrdinals, StatefulSetSpec};
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, Time};
-    use rstest::rstest;
 
     fn set(replicas: Option<i32>, start: Option<i32>) -> StatefulSet {
         StatefulSet {
@@ -561,20 +550,6 @@ mod tests {
         let peers = select(&set(Some(2), None), &pods, &t).unwrap();
         assert_eq!(peers.ready[&0].base_url(), "http://web-0.web.ns.svc:9000");
         assert_eq!(peers.ready[&1].base_url(), "http://web-1.web.ns.svc:9000");
-    }
-
-    #[rstest]
-    #[case("web", "web-0", Some(0))]
-    #[case("web", "web-12", Some(12))]
-    #[case("web", "web-012", None)]
-    #[case("web", "web-+1", None)]
-    #[case("web", "web--1", None)]
-    #[case("web", "web-", None)]
-    #[case("web", "web0", None)]
-    #[case("web", "web-a-0", None)]
-    #[case("web-a", "web-a-0", Some(0))]
-    fn parses_pod_ordinals(#[case] set: &str, #[case] name: &str, #[case] expected: Option<i32>) {
-        assert_eq!(pod_ordinal(set, name), expected);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use drain_api::names::pod_name;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -15,7 +16,7 @@ use crate::{TestNamespace, wait_for};
 pub const T: Duration = Duration::from_secs(90);
 
 /// The drain pod label key.
-pub const DRAIN_POD_LABEL: &str = "statefulsets.kubernetes.io/drain-pod";
+pub use drain_api::labels::DRAIN_POD as DRAIN_POD_LABEL;
 
 /// Whether a pod is Running and Ready.
 pub fn running_ready(p: &Pod) -> bool {
@@ -62,9 +63,9 @@ pub async fn wait_running(ns: &TestNamespace, names: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `<set>-<o>` for each ordinal.
+/// The pod name ([`pod_name`]) of each ordinal of `set`.
 pub fn pod_names(set: &str, ordinals: impl IntoIterator<Item = i32>) -> Vec<String> {
-    ordinals.into_iter().map(|o| format!("{set}-{o}")).collect()
+    ordinals.into_iter().map(|o| pod_name(set, o)).collect()
 }
 
 /// Sets `spec.replicas` (what `kubectl scale` does).

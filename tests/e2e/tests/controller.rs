@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
+use drain_api::annotations::{DRAINER_POD_TEMPLATE as TEMPLATE, STATUS};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -13,8 +14,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use serde_json::json;
 
-const TEMPLATE: &str = "statefulsets.kubernetes.io/drainer-pod-template";
-const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
 /// A drain that succeeds only on the right claim with the right hostname.
 const CHECK_OWNER: &str = "test \"$(cat /data/owner)\" = \"$HOSTNAME\"";
 

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use datastore::Client as Store;
+use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use drain_api::names::{claim_name, pod_name};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
@@ -41,7 +43,7 @@ fn apply_example(ns: &TestNamespace, edit: impl Fn(String) -> String) -> Result<
 }
 
 async fn store_of(ns: &TestNamespace, ordinal: i32) -> Result<Store> {
-    let pod = ns.api::<Pod>().get(&format!("datastore-{ordinal}")).await?;
+    let pod = ns.api::<Pod>().get(&pod_name("datastore", ordinal)).await?;
     let ip = pod.status.and_then(|s| s.pod_ip).context("pod IP")?;
     Ok(Store::new(&format!("http://{ip}:8080"))?)
 }
@@ -125,7 +127,7 @@ async fn scale_down_moves_every_record_to_the_remaining_pod() -> Result<()> {
     for o in [1, 2] {
         let claim = ns
             .api::<PersistentVolumeClaim>()
-            .get(&format!("data-datastore-{o}"))
+            .get(&claim_name("data", "datastore", o))
             .await?;
         volumes.push(
             claim
@@ -236,10 +238,9 @@ async fn hook_mode_reruns_the_retry_exit_code_then_succeeds() -> Result<()> {
         "-c",
         script
     ]);
-    let set = SetBuilder::new("h").replicas(2).annotation(
-        "statefulsets.kubernetes.io/drainer-pod-template",
-        template.to_string(),
-    );
+    let set = SetBuilder::new("h")
+        .replicas(2)
+        .annotation(DRAINER_POD_TEMPLATE, template.to_string());
     start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("h", 0..2)).await?;
     scale(&ns, "h", 1).await?;
