@@ -15,6 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+pub mod faults;
 pub mod objects;
 pub mod ops;
 
@@ -203,8 +204,16 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
-    /// Starts the controller watching only `namespace`, with short retry delays.
+    /// Starts the controller watching only `namespace`, with short retry delays, logging with the
+    /// filter in `STSD_E2E_CONTROLLER_LOG` (default `info,kube=warn`).
     pub fn start(namespace: &str, extra: &[&str]) -> Self {
+        let filter =
+            std::env::var("STSD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Self::start_with_log(namespace, extra, &filter)
+    }
+
+    /// Like [`start`](Self::start), logging with this `RUST_LOG` filter.
+    pub fn start_with_log(namespace: &str, extra: &[&str], filter: &str) -> Self {
         let bin = release_dir().join("statefulset-drain-controller");
         assert!(
             bin.exists(),
@@ -230,11 +239,7 @@ impl ControllerProcess {
             ])
             .args(extra)
             .env("KUBECONFIG", kubeconfig_path())
-            .env(
-                "RUST_LOG",
-                std::env::var("STSD_E2E_CONTROLLER_LOG")
-                    .unwrap_or_else(|_| "info,kube=warn".into()),
-            )
+            .env("RUST_LOG", filter)
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .spawn()

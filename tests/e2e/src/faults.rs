@@ -1,0 +1,472 @@
+//! Helpers for the unhappy-path tests: cleanups that run even when a test fails, `kubectl exec`,
+//! the drain status annotation, events about a set or its pods, a held "nothing happens" check,
+//! an admission policy that denies deleting one claim, and the example datastore.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use datastore::Client as Store;
+use drain_api::annotations;
+use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::DeleteParams;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::ops::{T, events};
+use crate::{TestNamespace, client, kubectl, repo_root, wait_for};
+
+/// What a [`Finally`] runs: an async step with a client of its own.
+type Cleanup = Box<dyn FnOnce(Client) -> BoxFuture<'static, Result<()>> + Send>;
+
+/// A cleanup that runs when dropped, also when the test failed or panicked: with a client and a
+/// runtime of its own (drop may run inside the test's runtime). Declare it after the
+/// [`TestNamespace`] it cleans up in, so it runs before the namespace is deleted.
+pub struct Finally {
+    what: String,
+    cleanup: Option<Cleanup>,
+}
+
+impl Finally {
+    /// Runs `cleanup` (named `what` in its error message) on drop.
+    pub fn new(
+        what: &str,
+        cleanup: impl FnOnce(Client) -> BoxFuture<'static, Result<()>> + Send + 'static,
+    ) -> Self {
+        Self {
+            what: what.to_owned(),
+            cleanup: Some(Box::new(cleanup)),
+        }
+    }
+}
+
+impl Drop for Finally {
+    fn drop(&mut self) {
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        let what = self.what.clone();
+        let outcome = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move { cleanup(client().await).await })
+        })
+        .join();
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("cleanup {what} failed: {e:#}"),
+            Err(_) => eprintln!("cleanup {what} panicked"),
+        }
+    }
+}
+
+/// `Ok` also when the object was already gone.
+fn ok_if_gone<T>(r: Result<T, kube::Error>) -> Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes every finalizer of the StatefulSet `set` when dropped (a set held by a test's
+/// finalizer would keep its namespace from ever being deleted).
+pub fn release_set_finalizers_on_drop(ns: &TestNamespace, set: &str) -> Finally {
+    let (namespace, set) = (ns.name.clone(), set.to_owned());
+    Finally::new(&format!("finalizers of statefulset {set}"), move |client| {
+        Box::pin(async move {
+            let sets: Api<StatefulSet> = Api::namespaced(client, &namespace);
+            ok_if_gone(
+                sets.patch(
+                    &set,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await,
+            )
+        })
+    })
+}
+
+/// Runs `sh -c script` in a container of a pod (`kubectl exec`); returns its stdout, or fails
+/// with its stderr when it exits non-zero.
+pub async fn exec(ns: &TestNamespace, pod: &str, container: &str, script: &str) -> Result<String> {
+    let mut cmd = tokio::process::Command::from(kubectl());
+    cmd.args([
+        "-n", &ns.name, "exec", pod, "-c", container, "--", "sh", "-c",
+    ])
+    .arg(script)
+    .stdin(std::process::Stdio::null());
+    let out = cmd.output().await.context("run kubectl exec")?;
+    ensure!(
+        out.status.success(),
+        "kubectl exec {pod} -c {container} -- {script:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// An object's UID ("" if none).
+pub fn uid_of<K: kube::Resource>(obj: &K) -> String {
+    obj.meta().uid.clone().unwrap_or_default()
+}
+
+/// The UID of the StatefulSet `set`.
+pub async fn set_uid(ns: &TestNamespace, set: &str) -> Result<String> {
+    Ok(uid_of(&ns.api::<StatefulSet>().get(set).await?))
+}
+
+/// Whether one of the pod's owner references names this UID.
+pub fn owned_by(pod: &Pod, owner_uid: &str) -> bool {
+    pod.metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|refs| refs.iter().any(|r| r.uid == owner_uid))
+}
+
+/// The set's drain status annotation, parsed (`None` while there is none).
+pub async fn drain_status(ns: &TestNamespace, set: &str) -> Result<Option<Value>> {
+    let set = ns.api::<StatefulSet>().get(set).await?;
+    match set
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get(annotations::STATUS)
+    {
+        Some(text) => Ok(Some(
+            serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// The `state` the status reports for an ordinal.
+pub fn ordinal_state(status: &Value, ordinal: i32) -> Option<&str> {
+    status["ordinals"][ordinal.to_string()]["state"].as_str()
+}
+
+/// Waits until the set's status reports `state` for the ordinal; returns the whole status.
+pub async fn wait_ordinal_state(
+    ns: &TestNamespace,
+    set: &str,
+    ordinal: i32,
+    state: &str,
+) -> Result<Value> {
+    let last = std::sync::Mutex::new(None);
+    let last_ref = &last;
+    let waited = wait_for(
+        T,
+        &format!("status of {set} with ordinal {ordinal} {state:?}"),
+        || async move {
+            let status = drain_status(ns, set).await?;
+            let found = status
+                .as_ref()
+                .is_some_and(|s| ordinal_state(s, ordinal) == Some(state));
+            *last_ref.lock().expect("lock") = status;
+            Ok(found)
+        },
+    )
+    .await;
+    let last = last.into_inner().expect("lock");
+    waited.with_context(|| format!("last status: {last:?}"))?;
+    last.context("status")
+}
+
+/// Waits for at least one Event with this reason about the StatefulSet `set` or one of its pods
+/// (`<set>-<ordinal>`); returns their "object: message" lines.
+pub async fn wait_set_event(ns: &TestNamespace, set: &str, reason: &str) -> Result<Vec<String>> {
+    let about_set = |e: &String| {
+        let object = e.split(": ").next().unwrap_or_default();
+        object == set
+            || object
+                .strip_prefix(set)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|o| !o.is_empty() && o.chars().all(|c| c.is_ascii_digit()))
+    };
+    wait_for(
+        T,
+        &format!("a {reason} event on {set} or its pods"),
+        || async { Ok(events(ns, reason).await?.iter().any(about_set)) },
+    )
+    .await?;
+    Ok(events(ns, reason)
+        .await?
+        .into_iter()
+        .filter(about_set)
+        .collect())
+}
+
+/// Checks `check` every 200 ms for `hold` (at least 5 s in the tests): proves something does
+/// not happen.
+pub async fn hold<F, Fut>(hold: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let start = Instant::now();
+    while start.elapsed() < hold {
+        check()
+            .await
+            .with_context(|| format!("{what} (after {:?})", start.elapsed()))?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Fails unless the claim exists with this UID, Bound and not being deleted.
+pub async fn assert_claim_unchanged(ns: &TestNamespace, name: &str, uid: &str) -> Result<()> {
+    let claim = ns.api::<PersistentVolumeClaim>().get_opt(name).await?;
+    ensure!(
+        claim.as_ref().is_some_and(|c| {
+            c.metadata.uid.as_deref() == Some(uid)
+                && c.metadata.deletion_timestamp.is_none()
+                && crate::ops::bound(c)
+        }),
+        "claim {name} (uid {uid}) was touched: {:?}",
+        claim.map(|c| (c.metadata.uid, c.metadata.deletion_timestamp, c.status))
+    );
+    Ok(())
+}
+
+/// Lines of a log file containing `needle` (0 if the file does not exist yet).
+pub fn count_log_lines(path: &Path, needle: &str) -> Result<usize> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text.lines().filter(|l| l.contains(needle)).count()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+/// A ValidatingAdmissionPolicy and its binding that deny deleting one claim in one namespace,
+/// as an admission policy of a cluster's owner could. Both are deleted when this is dropped:
+/// otherwise the claim, and so the test's namespace, could never be deleted.
+pub struct ClaimDeleteDenial {
+    name: String,
+    client: Client,
+    _cleanup: Finally,
+}
+
+/// Text in the denial's message, to tell it from other errors.
+pub const DENIAL_MARKER: &str = "e2e-denied";
+
+impl ClaimDeleteDenial {
+    /// Denies `DELETE` of the claim `claim` in the namespace (policy and binding named after the
+    /// namespace, so tests running at once do not collide).
+    pub async fn create(client: &Client, ns: &TestNamespace, claim: &str) -> Result<Self> {
+        let name = format!("{}-deny-delete", ns.name);
+        let cleanup = {
+            let name = name.clone();
+            Finally::new(&format!("admission policy {name}"), move |client| {
+                Box::pin(async move {
+                    ok_if_gone(
+                        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+                            .delete(&name, &DeleteParams::default())
+                            .await,
+                    )?;
+                    ok_if_gone(
+                        Api::<ValidatingAdmissionPolicy>::all(client)
+                            .delete(&name, &DeleteParams::default())
+                            .await,
+                    )
+                })
+            })
+        };
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [{
+                        "apiGroups": [""], "apiVersions": ["v1"],
+                        "operations": ["DELETE"], "resources": ["persistentvolumeclaims"],
+                    }],
+                },
+                "validations": [{
+                    "expression": format!("oldObject.metadata.name != '{claim}'"),
+                    "message": format!("{DENIAL_MARKER}: deleting claim {claim} is not allowed"),
+                }],
+            }
+        }))?;
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": ns.name},
+                    },
+                },
+            }
+        }))?;
+        let pp = kube::api::PostParams::default();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .create(&pp, &policy)
+            .await
+            .with_context(|| format!("create ValidatingAdmissionPolicy {name}"))?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .create(&pp, &binding)
+            .await
+            .with_context(|| format!("create ValidatingAdmissionPolicyBinding {name}"))?;
+        Ok(Self {
+            name,
+            client: client.clone(),
+            _cleanup: cleanup,
+        })
+    }
+
+    /// Waits until the apiserver enforces the policy: a dry-run delete of `claim` (which must
+    /// exist) is denied with the policy's message.
+    pub async fn wait_enforced(&self, ns: &TestNamespace, claim: &str) -> Result<()> {
+        let claims = ns.api::<PersistentVolumeClaim>();
+        let claims = &claims;
+        wait_for(
+            T,
+            &format!("the admission policy {} enforced", self.name),
+            || async move {
+                match claims
+                    .delete(claim, &DeleteParams::default().dry_run())
+                    .await
+                {
+                    Ok(_) => Ok(false),
+                    Err(kube::Error::Api(s)) if s.message.contains(DENIAL_MARKER) => Ok(true),
+                    Err(e) => Err(e.into()),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Lifts the denial: deletes the binding.
+    pub async fn lift(&self) -> Result<()> {
+        ok_if_gone(
+            Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+                .delete(&self.name, &DeleteParams::default())
+                .await,
+        )
+    }
+}
+
+// --- the example datastore ------------------------------------------------------------------
+
+/// The example datastore's StatefulSet name.
+pub const DATASTORE: &str = "datastore";
+
+/// Applies the example's manifest in the namespace with each `(from, to)` text replacement made
+/// (each `from` must occur), as a user would.
+pub fn apply_example(ns: &TestNamespace, edits: &[(&str, &str)]) -> Result<()> {
+    let mut text =
+        std::fs::read_to_string(repo_root().join("example/datastore/manifests/datastore.yaml"))?;
+    for (from, to) in edits {
+        ensure!(
+            text.contains(from),
+            "the example manifest has no {from:?} to edit"
+        );
+        text = text.replace(from, to);
+    }
+    let mut child = kubectl()
+        .args(["-n", &ns.name, "apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(text.as_bytes())?;
+    ensure!(
+        child.wait()?.success(),
+        "kubectl apply of the example failed"
+    );
+    Ok(())
+}
+
+/// A client of the datastore pod of this ordinal.
+pub async fn store_of(ns: &TestNamespace, ordinal: i32) -> Result<Store> {
+    let pod = ns
+        .api::<Pod>()
+        .get(&format!("{DATASTORE}-{ordinal}"))
+        .await?;
+    let ip = pod.status.and_then(|s| s.pod_ip).context("pod IP")?;
+    Ok(Store::new(&format!("http://{ip}:8080"))?)
+}
+
+/// The value the tests store under `key`.
+pub fn value_of(key: &str) -> Vec<u8> {
+    format!("{key}: {}", "payload ".repeat(key.len() % 7 + 1)).into_bytes()
+}
+
+/// Writes `count` records `rec-NNNN`, record `i` to the pod of ordinal `target(i)`; returns
+/// key → value.
+pub async fn write_records(
+    ns: &TestNamespace,
+    count: usize,
+    target: impl Fn(usize) -> i32,
+) -> Result<BTreeMap<String, Vec<u8>>> {
+    let mut stores = BTreeMap::new();
+    let mut placed = Vec::with_capacity(count);
+    for i in 0..count {
+        let o = target(i);
+        if let std::collections::btree_map::Entry::Vacant(slot) = stores.entry(o) {
+            slot.insert(store_of(ns, o).await?);
+        }
+        let key = format!("rec-{i:04}");
+        let value = value_of(&key);
+        placed.push((o, key, value));
+    }
+    let stores = &stores;
+    futures::stream::iter(placed.iter().map(|(o, k, v)| async move {
+        stores[o]
+            .put(k, v.clone())
+            .await
+            .with_context(|| format!("put {k} on pod {o}"))
+    }))
+    .buffer_unordered(16)
+    .try_collect::<Vec<_>>()
+    .await?;
+    Ok(placed.into_iter().map(|(_, k, v)| (k, v)).collect())
+}
+
+/// Every record is readable from at least one of the pods with its exact value (the same
+/// record on two pods is allowed, with the same value), and the pods hold no other record.
+pub async fn assert_every_record_readable(
+    ns: &TestNamespace,
+    ordinals: &[i32],
+    records: &BTreeMap<String, Vec<u8>>,
+) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for &o in ordinals {
+        let store = store_of(ns, o).await?;
+        for key in store.list().await? {
+            let got = store
+                .get(&key)
+                .await?
+                .with_context(|| format!("record {key} listed but not readable on pod {o}"))?;
+            match records.get(&key) {
+                Some(want) if *want == got => {}
+                Some(_) => bail!("record {key} on pod {o} has a different value"),
+                None => bail!("pod {o} holds an unknown record {key}"),
+            }
+            seen.insert(key);
+        }
+    }
+    let missing: Vec<&String> = records.keys().filter(|k| !seen.contains(*k)).collect();
+    ensure!(
+        missing.is_empty(),
+        "{} of {} records lost, e.g. {:?}",
+        missing.len(),
+        records.len(),
+        missing.iter().take(10).collect::<Vec<_>>()
+    );
+    Ok(())
+}

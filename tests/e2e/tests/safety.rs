@@ -1,0 +1,538 @@
+//! The unhappy paths on the real cluster: nothing that interrupts, cancels or blocks a drain
+//! ever deletes a claim whose data was not drained. A drain pod that exits 0 because it was
+//! deleted is an interrupted attempt, not a success; a cancelled drain gives the returning pod
+//! its claim; scaling to zero and back, or back up while a drain runs, loses no record; a stuck
+//! drain pod is a failed attempt; opting out finishes what is in flight; a set being deleted is
+//! left alone; an old drain pod of a deleted set of the same name blocks but is never deleted;
+//! a denied claim delete does not stop the other ordinals; status-only changes of stateful pods
+//! cost no reconcile.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use drain_api::{annotations, labels, pod_annotations};
+use e2e::faults::*;
+use e2e::objects::{SetBuilder, drain_template};
+use e2e::ops::*;
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// How long a test watches to show that something does not happen.
+const HOLD: Duration = Duration::from_secs(6);
+/// A drain that waits until someone creates `/data/go` on its claim, then succeeds.
+const WAIT_FOR_GO: &str = "while [ ! -f /data/go ]; do sleep 0.2; done";
+/// The container of the drain pods `drain_template` builds.
+const DRAIN: &str = "drain";
+/// The container of the stateful pods `SetBuilder` builds.
+const APP: &str = "app";
+
+fn drain_set(name: &str, script: &str) -> SetBuilder {
+    SetBuilder::new(name).annotation(
+        annotations::DRAINER_POD_TEMPLATE,
+        drain_template(script, &["data"], json!({})),
+    )
+}
+
+async fn patch_set(ns: &TestNamespace, set: &str, patch: Value) -> Result<()> {
+    ns.api::<StatefulSet>()
+        .patch(set, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_pod_that_exits_0_when_deleted_is_not_a_success() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-interrupted").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // The first attempt leaves a marker and exits 0 when terminated; the next one finds the
+    // marker and succeeds at once.
+    let script = "if [ -f /data/attempted ]; then exit 0; fi; touch /data/attempted; \
+                  trap 'exit 0' TERM; sleep 3600 & wait";
+    start_set(&ns, &drain_set("web", script)).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let first = wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    let first_uid = uid_of(&first);
+    // Past the marker, so the TERM trap is set.
+    wait_for(T, "the first attempt's marker", || async {
+        Ok(exec(&ns, "web-2", DRAIN, "test -f /data/attempted")
+            .await
+            .is_ok())
+    })
+    .await?;
+    let pods = ns.api::<Pod>();
+    pods.delete("web-2", &DeleteParams::default()).await?;
+
+    // Until a second drain pod exists, the claim is untouched.
+    let mut first_succeeded = false;
+    let deadline = Instant::now() + T;
+    let second_uid = loop {
+        assert_claim_unchanged(&ns, "data-web-2", &claim)
+            .await
+            .context("the interrupted attempt must not count as a success")?;
+        match pods.get_opt("web-2").await? {
+            Some(p) if uid_of(&p) == first_uid => first_succeeded |= phase(&p) == "Succeeded",
+            Some(p) if is_drain_pod(&p) => break uid_of(&p),
+            Some(p) => bail!("web-2 is not a drain pod: {:?}", p.metadata.labels),
+            None => {}
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no second drain pod web-2 within {T:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if first_succeeded {
+        eprintln!("the deleted drain pod {first_uid} was seen Succeeded");
+    } else {
+        eprintln!("the deleted drain pod {first_uid} went away before it was seen Succeeded");
+    }
+    assert_ne!(second_uid, first_uid);
+    wait_event(&ns, "web", "DrainInterrupted").await?;
+    // The second attempt finds the marker and exits 0 on its own: a real success.
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancelled_drain_that_exits_0_keeps_the_claims_for_the_returning_pod() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-cancelled").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // No drain-on-scale-up annotation: cancel is the default. The stateful pod appends its name
+    // to /data/owner on every start, so the returning pod shows whether it got the old data.
+    let set = drain_set("web", "trap 'exit 0' TERM; sleep 3600 & wait")
+        .script("echo $HOSTNAME >> /data/owner");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    scale(&ns, "web", 3).await?;
+    wait_set_event(&ns, "web", "DrainCancelled").await?;
+    wait_stateful_pod_back(&ns, "web-2").await?;
+    assert_claim_unchanged(&ns, "data-web-2", &claim).await?;
+    let owner = exec(&ns, "web-2", APP, "cat /data/owner").await?;
+    let starts: Vec<&str> = owner.lines().collect();
+    ensure!(
+        starts.len() >= 2 && starts.iter().all(|l| *l == "web-2"),
+        "the returning pod finds what its first run wrote: {starts:?}"
+    );
+    ensure!(drain_pods(&ns).await?.is_empty(), "no drain pod left");
+    Ok(())
+}
+
+#[tokio::test]
+async fn parallel_scale_to_zero_and_back_with_the_datastore_loses_nothing() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-zero").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    apply_example(
+        &ns,
+        &[(
+            "podManagementPolicy: OrderedReady",
+            "podManagementPolicy: Parallel",
+        )],
+    )?;
+    wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
+    let records = write_records(&ns, 300, |i| (i % 3) as i32).await?;
+
+    scale(&ns, DATASTORE, 0).await?;
+    // With no member left the drains cannot finish; they are all in flight at once.
+    wait_for(T, "3 drain pods", || async {
+        Ok(drain_pods(&ns).await?.len() == 3)
+    })
+    .await?;
+    scale(&ns, DATASTORE, 3).await?;
+    for name in pod_names(DATASTORE, 0..3) {
+        wait_stateful_pod_back(&ns, &name).await?;
+    }
+    assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
+    ensure!(drain_pods(&ns).await?.is_empty(), "no drain pod left");
+    Ok(())
+}
+
+#[tokio::test]
+async fn ordered_ready_3_to_1_to_3_while_ordinal_1_drains_loses_nothing() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-back-up").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // OrderedReady (the manifest's), and a drain slowed to 20 records/s: the ~333 records of
+    // ordinal 1 take ~17 s to move.
+    apply_example(
+        &ns,
+        &[(
+            r#""--peer-port", "8080"]"#,
+            r#""--peer-port", "8080", "--max-rate", "20"]"#,
+        )],
+    )?;
+    wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
+    let records = write_records(&ns, 1000, |i| (i % 3) as i32).await?;
+
+    scale(&ns, DATASTORE, 1).await?;
+    wait_claim_gone(&ns, "data-datastore-2", Duration::from_secs(180)).await?;
+    wait_drain_pod(&ns, "datastore-1", Some("Running")).await?;
+    let moved = store_of(&ns, 0).await?.list().await?.len();
+    eprintln!("ordinal 1 is draining; pod 0 holds {moved} records");
+    scale(&ns, DATASTORE, 3).await?;
+    for name in pod_names(DATASTORE, 0..3) {
+        wait_stateful_pod_back(&ns, &name).await?;
+    }
+    assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
+    eprintln!(
+        "DrainCancelled events: {:?}",
+        events(&ns, "DrainCancelled").await?
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stuck_drain_pod_counts_as_a_failed_attempt_until_the_template_is_fixed() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-stuck").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // An image that is not on the node, never pulled: ErrImageNeverPull at once.
+    let mut template: Value = serde_json::from_str(&drain_template("true", &["data"], json!({})))?;
+    template["spec"]["containers"][0]["image"] = json!("statefulset-drain.local/missing:none");
+    template["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+    let set = SetBuilder::new("web")
+        .annotation(annotations::DRAINER_POD_TEMPLATE, template.to_string())
+        .annotation(annotations::MAX_ATTEMPTS, "2");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_set_event(&ns, "web", "DrainStuck").await?;
+    wait_set_event(&ns, "web", "DrainGaveUp").await?;
+    let status = wait_ordinal_state(&ns, "web", 2, "failed").await?;
+    eprintln!("status after giving up: {status}");
+    wait_for(T, "no drain pod left", || async {
+        Ok(drain_pods(&ns).await?.is_empty())
+    })
+    .await?;
+    assert_claims_kept(&ns, &["data-web-2"]).await?;
+    assert_claim_unchanged(&ns, "data-web-2", &claim).await?;
+
+    // A fixed template starts a new series of attempts.
+    let fixed = drain_template("echo drained > /data/drained", &["data"], json!({}));
+    patch_set(
+        &ns,
+        "web",
+        json!({"metadata": {"annotations": {annotations::DRAINER_POD_TEMPLATE: fixed}}}),
+    )
+    .await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn opting_out_mid_drain_finishes_the_drain_in_flight_and_starts_no_new_one() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-opt-out").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &drain_set("web", WAIT_FOR_GO)).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim1 = claim_uid(&ns, "data-web-1").await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    patch_set(
+        &ns,
+        "web",
+        json!({"metadata": {"annotations": {annotations::DRAINER_POD_TEMPLATE: null}}}),
+    )
+    .await?;
+    scale(&ns, "web", 1).await?;
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+
+    // The drain in flight completes and is cleaned up.
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    // No drain starts for ordinal 1: its stateful pod goes, nothing takes its name.
+    let pods = ns.api::<Pod>();
+    let (pods, drain_seen) = (&pods, &std::cell::Cell::new(false));
+    wait_for(T, "stateful pod web-1 gone", || async move {
+        Ok(match pods.get_opt("web-1").await? {
+            Some(p) if is_drain_pod(&p) => {
+                drain_seen.set(true);
+                true
+            }
+            Some(_) => false,
+            None => true,
+        })
+    })
+    .await?;
+    ensure!(
+        !drain_seen.get(),
+        "a drain pod web-1 was started after opting out"
+    );
+    hold(HOLD, "no new drain after opting out", || async {
+        ensure!(
+            pods.get_opt("web-1").await?.is_none(),
+            "a pod web-1 appeared"
+        );
+        ensure!(drain_pods(&ns).await?.is_empty(), "a drain pod appeared");
+        assert_claim_unchanged(&ns, "data-web-1", &claim1).await
+    })
+    .await?;
+
+    scale(&ns, "web", 3).await?;
+    wait_stateful_pod_back(&ns, "web-1").await?;
+    wait_stateful_pod_back(&ns, "web-2").await?;
+    assert_claim_unchanged(&ns, "data-web-1", &claim1).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_set_being_deleted_is_left_alone() -> Result<()> {
+    const HOLD_FINALIZER: &str = "e2e.statefulset-drain/hold";
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-deleting").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &drain_set("web", WAIT_FOR_GO)).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let drain = wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    let drain_uid = uid_of(&drain);
+    let _release = release_set_finalizers_on_drop(&ns, "web");
+    patch_set(
+        &ns,
+        "web",
+        json!({"metadata": {"finalizers": [HOLD_FINALIZER]}}),
+    )
+    .await?;
+    let sets = ns.api::<StatefulSet>();
+    sets.delete("web", &DeleteParams::background()).await?;
+    wait_for(T, "statefulset web being deleted", || async {
+        Ok(sets
+            .get_opt("web")
+            .await?
+            .is_some_and(|s| s.metadata.deletion_timestamp.is_some()))
+    })
+    .await?;
+
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    let pods = ns.api::<Pod>();
+    wait_for(T, "the drain pod web-2 Succeeded or gone", || async {
+        Ok(match pods.get_opt("web-2").await? {
+            Some(p) if uid_of(&p) == drain_uid => phase(&p) == "Succeeded",
+            _ => true,
+        })
+    })
+    .await?;
+    hold(HOLD, "the claim of a set being deleted is kept", || async {
+        assert_claim_unchanged(&ns, "data-web-2", &claim).await
+    })
+    .await?;
+
+    patch_set(&ns, "web", json!({"metadata": {"finalizers": null}})).await?;
+    wait_for(T, "statefulset web gone", || async {
+        Ok(sets.get_opt("web").await?.is_none())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_old_drain_pod_left_by_a_deleted_set_blocks_but_is_never_deleted() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-old-pod").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let set = drain_set("web", WAIT_FOR_GO);
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let old = wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    let old_uid = uid_of(&old);
+    // `kubectl delete statefulset web --cascade=orphan`.
+    let sets = ns.api::<StatefulSet>();
+    let old_set_uid = set_uid(&ns, "web").await?;
+    sets.delete("web", &DeleteParams::orphan()).await?;
+    wait_for(T, "statefulset web gone", || async {
+        Ok(sets.get_opt("web").await?.is_none())
+    })
+    .await?;
+    sets.create(&PostParams::default(), &set.clone().replicas(2).build())
+        .await?;
+    let new_set_uid = set_uid(&ns, "web").await?;
+    assert_ne!(old_set_uid, new_set_uid);
+
+    wait_ordinal_state(&ns, "web", 2, "blocked").await?;
+    wait_event(&ns, "web", "DrainBlocked").await?;
+    let pods = ns.api::<Pod>();
+    hold(HOLD, "the old drain pod is left alone", || async {
+        let pod = pods.get_opt("web-2").await?;
+        ensure!(
+            pod.as_ref()
+                .is_some_and(|p| uid_of(p) == old_uid && p.metadata.deletion_timestamp.is_none()),
+            "the old drain pod web-2 was touched: {:?}",
+            pod.map(|p| (p.metadata.uid, p.metadata.deletion_timestamp))
+        );
+        assert_claim_unchanged(&ns, "data-web-2", &claim).await
+    })
+    .await?;
+
+    // Someone removes the old pod: the new set's drain runs.
+    pods.delete("web-2", &DeleteParams::default()).await?;
+    let (pods, old_uid, new_set_uid) = (&pods, &old_uid, &new_set_uid);
+    wait_for(
+        T,
+        "a drain pod web-2 of the new set Running",
+        || async move {
+            Ok(pods.get_opt("web-2").await?.is_some_and(|p| {
+                uid_of(&p) != *old_uid
+                    && is_drain_pod(&p)
+                    && owned_by(&p, new_set_uid)
+                    && phase(&p) == "Running"
+            }))
+        },
+    )
+    .await?;
+    let drain = pods.get("web-2").await?;
+    let drain_labels = drain.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        drain_labels.get(labels::DRAIN_POD).map(String::as_str),
+        Some("web")
+    );
+    let recorded = drain
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .get(pod_annotations::CLAIMS)
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        recorded.contains(&claim),
+        "the new drain pod drains the same claim: {recorded}"
+    );
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_denied_claim_delete_does_not_stop_other_ordinals() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-denied").await?;
+    // Created first (dropped after the namespace's other guards, before the namespace).
+    let denial = ClaimDeleteDenial::create(&client, &ns, "data-web-2").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &drain_set("web", "exit 0").parallel()).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    denial.wait_enforced(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 1).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    let warnings = wait_event(&ns, "web", "DeleteClaimFailed").await?;
+    eprintln!("DeleteClaimFailed: {warnings:?}");
+    let last = std::sync::Mutex::new(None);
+    let last_ref = &last;
+    let ns_ref = &ns;
+    let found = wait_for(T, "an error for ordinal 2 in the status", || async move {
+        let status = drain_status(ns_ref, "web").await?;
+        let ok = status.as_ref().is_some_and(|s| {
+            s["errors"]["2"]
+                .as_str()
+                .is_some_and(|e| e.contains("data-web-2"))
+        });
+        *last_ref.lock().expect("lock") = status;
+        Ok(ok)
+    })
+    .await;
+    found.with_context(|| format!("last status: {:?}", last.lock().expect("lock")))?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-2"]).await?;
+
+    denial.lift().await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn readiness_flips_of_stateful_pods_do_not_trigger_reconciles() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-cheap").await?;
+    let controller = ControllerProcess::start_with_log(
+        &ns.name,
+        &[],
+        "info,statefulset_drain_controller=debug,kube=warn",
+    );
+    start_set(&ns, &drain_set("web", "exit 0").replicas(2)).await?;
+    wait_running(&ns, &pod_names("web", 0..2)).await?;
+    // Reconciles are logged, and have settled.
+    let reconciles = || count_log_lines(&controller.log, "reconciled");
+    wait_for(T, "a reconcile logged", || async { Ok(reconciles()? > 0) }).await?;
+    let mut before = reconciles()?;
+    let settle = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = reconciles()?;
+        if now == before {
+            break;
+        }
+        ensure!(
+            settle.elapsed() < T,
+            "reconciles do not settle ({now} so far)"
+        );
+        before = now;
+    }
+
+    let pods = ns.api::<Pod>();
+    for flip in 0..100 {
+        let pod = pods.get("web-0").await?;
+        let rv = pod.metadata.resource_version.clone();
+        let mut conditions = pod
+            .status
+            .and_then(|s| s.conditions)
+            .context("pod conditions")?;
+        let ready = conditions
+            .iter_mut()
+            .find(|c| c.type_ == "Ready")
+            .context("Ready condition")?;
+        ready.status = if ready.status == "True" {
+            "False"
+        } else {
+            "True"
+        }
+        .to_owned();
+        let patched = pods
+            .patch_status(
+                "web-0",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": conditions}})),
+            )
+            .await?;
+        ensure!(
+            patched.metadata.resource_version != rv,
+            "flip {flip} did not change the pod (resourceVersion {rv:?})"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = reconciles()?;
+    ensure!(
+        after - before <= 5,
+        "100 readiness flips caused {} reconciles (see {})",
+        after - before,
+        controller.log.display()
+    );
+    Ok(())
+}
