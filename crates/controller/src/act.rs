@@ -1,8 +1,12 @@
-//! Act: carries out the planner's actions through a narrow seam to the cluster, in order, and
-//! reports each outcome as an Event. It decides nothing; every call is idempotent (AlreadyExists
-//! and NotFound are outcomes, not errors) and data-bearing deletes carry a UID precondition.
+//! Act: carries out the planner's actions through a narrow seam to the cluster and reports each
+//! outcome as Events (chosen by [`events`], a pure function). It decides nothing; every call is
+//! idempotent (AlreadyExists and NotFound are outcomes, not errors), data-bearing deletes carry a
+//! UID precondition, and deletes of drain pods believed unfinished a resourceVersion one.
+//!
+//! Actions of one ordinal run in order and stop at its first failure; a failure never stops the
+//! actions of other ordinals.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use drain_api::claim_annotations;
@@ -10,7 +14,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
-use crate::plan::{Action, ClaimRef, DeleteWhy};
+use crate::plan::{Action, ClaimRef, DeleteWhy, FailureKind};
 use crate::template::{DrainPodInput, DrainTemplate};
 
 /// Severity of an Event.
@@ -36,6 +40,19 @@ pub enum Subject {
     },
 }
 
+/// An Event to publish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    /// About what.
+    pub subject: Subject,
+    /// Normal or Warning.
+    pub severity: Severity,
+    /// Reason (CamelCase, stable).
+    pub reason: &'static str,
+    /// Message.
+    pub note: String,
+}
+
 /// The outcome of a create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Created {
@@ -45,17 +62,29 @@ pub enum Created {
     AlreadyExists,
 }
 
+/// The outcome of a delete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// Deleted (or deletion started).
+    Deleted,
+    /// Gone already, or replaced by another object of that name (UID precondition failed).
+    Gone,
+    /// The object changed since it was observed (resourceVersion precondition failed).
+    Changed,
+}
+
 /// The calls the act step makes, in one namespace. The real one talks to the API server; tests
 /// use a fake that records calls and injects errors.
 pub trait Cluster: Sync {
     /// Creates a pod.
     fn create_pod(&self, pod: &Pod) -> impl Future<Output = Result<Created, kube::Error>> + Send;
-    /// Deletes a pod if it still has this UID; gone already is fine.
+    /// Deletes a pod if it still has this UID (and resourceVersion, when given).
     fn delete_pod(
         &self,
         name: &str,
         uid: &str,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+        resource_version: Option<&str>,
+    ) -> impl Future<Output = Result<Deleted, kube::Error>> + Send;
     /// Deletes a claim if it still has this UID; gone already is fine.
     fn delete_claim(
         &self,
@@ -71,8 +100,8 @@ pub trait Cluster: Sync {
         annotations: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Whether `ordinal` is still outside the set's range, read live from the API server (a
-    /// guard against a stale cache just before a create); `false` if the set is gone or was
-    /// replaced.
+    /// guard against a stale cache just before a create); `false` if the set is gone, was
+    /// replaced or is being deleted.
     fn still_orphaned(
         &self,
         ordinal: i32,
@@ -83,13 +112,7 @@ pub trait Cluster: Sync {
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
     /// Publishes an Event (best effort: failures are logged, not returned).
-    fn event(
-        &self,
-        subject: &Subject,
-        severity: Severity,
-        reason: &str,
-        note: String,
-    ) -> impl Future<Output = ()> + Send;
+    fn event(&self, event: &EventSpec) -> impl Future<Output = ()> + Send;
 }
 
 /// An action that failed.
@@ -140,17 +163,291 @@ pub enum ActError {
         #[source]
         source: kube::Error,
     },
+    /// A drain pod was to be created without a valid template (a planner bug).
+    #[error("no valid drain template to create drain pod {name}")]
+    NoTemplate {
+        /// Pod name.
+        name: String,
+    },
 }
 
 impl ActError {
     /// Stable category for Event reasons and metric labels.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::CreateDrainPod { .. } => "CreateDrainPodFailed",
+            Self::CreateDrainPod { .. } | Self::NoTemplate { .. } => "CreateDrainPodFailed",
             Self::DeleteDrainPod { .. } => "DeleteDrainPodFailed",
             Self::DeleteClaim { .. } => "DeleteClaimFailed",
             Self::AnnotateClaim { .. } => "AnnotateClaimFailed",
             Self::Confirm { .. } => "ReadFailed",
+        }
+    }
+
+    /// The error with its cause, for people: "failed to delete claim data-web-2: denied".
+    pub fn describe(&self) -> String {
+        match std::error::Error::source(self) {
+            Some(source) => format!("{self}: {source}"),
+            None => self.to_string(),
+        }
+    }
+}
+
+/// What every action of one reconcile shares.
+pub struct ActCtx<'a> {
+    /// The set's name.
+    pub set_name: &'a str,
+    /// `spec.replicas` now.
+    pub replicas: i32,
+    /// The validated drain template (absent when new drains are stopped).
+    pub template: Option<&'a DrainTemplate>,
+    /// The time the plan was made for.
+    pub now: Timestamp,
+}
+
+impl ActCtx<'_> {
+    fn pod_name(&self, ordinal: i32) -> String {
+        format!("{}-{ordinal}", self.set_name)
+    }
+}
+
+/// What carrying out one action came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done as planned.
+    Done,
+    /// A drain pod was created with this UID.
+    Created(String),
+    /// A pod with the drain pod's name exists (the cache lagged): nothing created.
+    NameTaken,
+    /// A live read showed the cached view was stale; nothing done.
+    Stale(&'static str),
+    /// The drain pod changed since it was observed (or is gone); the ordinal's remaining actions
+    /// are skipped and it is planned again.
+    Changed,
+}
+
+/// Carries out `actions`: each ordinal's in order up to its first failure, every ordinal
+/// whatever happens to the others. Returns the failures, by ordinal.
+pub async fn apply<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    actions: &[Action],
+) -> Vec<(i32, ActError)> {
+    let mut failed = Vec::new();
+    let mut stopped: BTreeSet<i32> = BTreeSet::new();
+    for action in actions {
+        let ordinal = action.ordinal();
+        if stopped.contains(&ordinal) {
+            continue;
+        }
+        match apply_one(cluster, ctx, action).await {
+            Ok(outcome) => {
+                for event in events(ctx, action, &outcome) {
+                    cluster.event(&event).await;
+                }
+                if matches!(outcome, Outcome::Changed | Outcome::Stale(_)) {
+                    stopped.insert(ordinal);
+                }
+            }
+            Err(e) => {
+                warn!(ordinal, error = %e.describe(), "action failed; the ordinal's other actions wait for the next try");
+                stopped.insert(ordinal);
+                failed.push((ordinal, e));
+            }
+        }
+    }
+    failed
+}
+
+async fn apply_one<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    action: &Action,
+) -> Result<Outcome, ActError> {
+    match action {
+        Action::CreateDrainPod {
+            ordinal,
+            claims,
+            attempt,
+            new_series,
+        } => {
+            create_drain_pod(
+                cluster,
+                ctx,
+                *ordinal,
+                claims,
+                *attempt,
+                new_series.as_ref(),
+            )
+            .await
+        }
+        Action::RecordDrainPod {
+            claims, pod_uid, ..
+        } => {
+            let record = set(&[(claim_annotations::POD_UID, pod_uid.clone())]);
+            annotate_all(cluster, claims, &record).await?;
+            Ok(Outcome::Done)
+        }
+        Action::RecordFailure {
+            ordinal,
+            claims,
+            pod_uid,
+            attempts,
+            retry_after,
+            reason,
+            only_if_pod_gone,
+            ..
+        } => {
+            if *only_if_pod_gone {
+                let name = ctx.pod_name(*ordinal);
+                let live = cluster
+                    .pod_uid(&name)
+                    .await
+                    .map_err(|source| ActError::Confirm {
+                        what: format!("pod {name}"),
+                        source,
+                    })?;
+                if live.as_deref() == Some(pod_uid.as_str()) {
+                    info!(pod = %name, "drain pod still exists (the cache lagged); not a failure");
+                    return Ok(Outcome::Stale("drain pod still exists"));
+                }
+            }
+            let record = set(&[
+                (claim_annotations::ATTEMPTS, attempts.to_string()),
+                (claim_annotations::RETRY_AFTER, retry_after.to_string()),
+                (claim_annotations::LAST_FAILURE, reason.clone()),
+                (claim_annotations::COUNTED_POD_UID, pod_uid.clone()),
+            ]);
+            annotate_all(cluster, claims, &record).await?;
+            Ok(Outcome::Done)
+        }
+        Action::RecordReturn { claims, at, .. } => {
+            let record = set(&[(claim_annotations::RETURNED_AT, at.to_string())]);
+            annotate_all(cluster, claims, &record).await?;
+            Ok(Outcome::Done)
+        }
+        Action::DeleteDrainPod {
+            name,
+            uid,
+            resource_version,
+            why,
+            ..
+        } => {
+            let deleted = cluster
+                .delete_pod(name, uid, resource_version.as_deref())
+                .await
+                .map_err(|source| ActError::DeleteDrainPod {
+                    name: name.clone(),
+                    source,
+                })?;
+            info!(pod = %name, ?why, ?deleted, "deleted drain pod");
+            Ok(match deleted {
+                Deleted::Deleted => Outcome::Done,
+                Deleted::Gone | Deleted::Changed => Outcome::Changed,
+            })
+        }
+        Action::DeleteClaims { claims, .. } => {
+            for c in claims {
+                cluster
+                    .delete_claim(&c.name, &c.uid)
+                    .await
+                    .map_err(|source| ActError::DeleteClaim {
+                        name: c.name.clone(),
+                        source,
+                    })?;
+                info!(claim = %c.name, "deleted drained claim");
+            }
+            Ok(Outcome::Done)
+        }
+        Action::ClearRecord { claims, .. } => {
+            let clear: BTreeMap<String, Option<String>> = claim_annotations::ALL
+                .iter()
+                .map(|k| ((*k).to_owned(), None))
+                .collect();
+            annotate_all(cluster, claims, &clear).await?;
+            Ok(Outcome::Done)
+        }
+        Action::Warn { message, .. } => {
+            warn!(%message, "drain blocked");
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+async fn create_drain_pod<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    ordinal: i32,
+    claims: &BTreeMap<String, ClaimRef>,
+    attempt: u32,
+    new_series: Option<&(Timestamp, String)>,
+) -> Result<Outcome, ActError> {
+    let name = ctx.pod_name(ordinal);
+    let template = ctx
+        .template
+        .ok_or_else(|| ActError::NoTemplate { name: name.clone() })?;
+    let refs: Vec<ClaimRef> = claims.values().cloned().collect();
+    let orphaned = cluster
+        .still_orphaned(ordinal)
+        .await
+        .map_err(|source| ActError::Confirm {
+            what: "the statefulset".to_owned(),
+            source,
+        })?;
+    if !orphaned {
+        info!(
+            ordinal,
+            "the ordinal is back in range (the cache lagged); no drain pod"
+        );
+        return Ok(Outcome::Stale("ordinal back in range"));
+    }
+    if let Some((at, hash)) = new_series {
+        // A new series: its start and template; the counts of an earlier series go.
+        let mut record: BTreeMap<String, Option<String>> = [
+            claim_annotations::ATTEMPTS,
+            claim_annotations::RETRY_AFTER,
+            claim_annotations::LAST_FAILURE,
+            claim_annotations::COUNTED_POD_UID,
+            claim_annotations::RETURNED_AT,
+        ]
+        .iter()
+        .map(|k| ((*k).to_owned(), None))
+        .collect();
+        record.insert(
+            claim_annotations::FIRST_ATTEMPT_AT.to_owned(),
+            Some(at.to_string()),
+        );
+        record.insert(
+            claim_annotations::TEMPLATE_HASH.to_owned(),
+            Some(hash.clone()),
+        );
+        annotate_all(cluster, &refs, &record).await?;
+    }
+    let pod = template.pod(&DrainPodInput {
+        ordinal,
+        replicas: ctx.replicas,
+        claims: claims
+            .iter()
+            .map(|(t, c)| (t.clone(), (c.name.clone(), c.uid.clone())))
+            .collect(),
+    });
+    let created = cluster
+        .create_pod(&pod)
+        .await
+        .map_err(|source| ActError::CreateDrainPod {
+            name: name.clone(),
+            source,
+        })?;
+    match created {
+        Created::Uid(uid) => {
+            info!(pod = %name, attempt, "created drain pod");
+            let record = set(&[(claim_annotations::POD_UID, uid.clone())]);
+            annotate_all(cluster, &refs, &record).await?;
+            Ok(Outcome::Created(uid))
+        }
+        Created::AlreadyExists => {
+            info!(pod = %name, "a pod named like the drain pod exists; waiting for it");
+            Ok(Outcome::NameTaken)
         }
     }
 }
@@ -187,251 +484,161 @@ fn names(claims: &[ClaimRef]) -> String {
         .join(", ")
 }
 
-/// Carries out `actions` in order, stopping at the first failure.
-pub async fn apply<C: Cluster>(
-    cluster: &C,
-    template: &DrainTemplate,
-    replicas: i32,
-    actions: &[Action],
-    now: Timestamp,
-) -> Result<(), ActError> {
-    for action in actions {
-        apply_one(cluster, template, replicas, action, now).await?;
+fn on_set(severity: Severity, reason: &'static str, note: String) -> EventSpec {
+    EventSpec {
+        subject: Subject::Set,
+        severity,
+        reason,
+        note,
     }
-    Ok(())
 }
 
-async fn apply_one<C: Cluster>(
-    cluster: &C,
-    template: &DrainTemplate,
-    replicas: i32,
-    action: &Action,
-    now: Timestamp,
-) -> Result<(), ActError> {
+/// The Events that report an action's outcome (pure: the act step publishes them).
+pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<EventSpec> {
+    use Severity::{Normal, Warning};
+    if matches!(
+        outcome,
+        Outcome::Changed | Outcome::Stale(_) | Outcome::NameTaken
+    ) {
+        return Vec::new();
+    }
     match action {
         Action::CreateDrainPod {
             ordinal,
             claims,
             attempt,
-            first_attempt_at,
+            ..
         } => {
+            let Outcome::Created(uid) = outcome else {
+                return Vec::new();
+            };
+            let name = ctx.pod_name(*ordinal);
             let refs: Vec<ClaimRef> = claims.values().cloned().collect();
-            let orphaned =
-                cluster
-                    .still_orphaned(*ordinal)
-                    .await
-                    .map_err(|source| ActError::Confirm {
-                        what: "the statefulset".to_owned(),
-                        source,
-                    })?;
-            if !orphaned {
-                info!(
-                    ordinal,
-                    "the ordinal is back in range (the cache lagged); no drain pod"
+            let (reason, note) = if *attempt > 1 {
+                let note = format!(
+                    "created drain pod {name} (attempt {attempt}) for {}",
+                    names(&refs)
                 );
-                return Ok(());
-            }
-            if let Some(first) = first_attempt_at {
-                annotate_all(
-                    cluster,
-                    &refs,
-                    &set(&[(claim_annotations::FIRST_ATTEMPT_AT, first.to_string())]),
+                ("DrainRetrying", note)
+            } else {
+                (
+                    "DrainPodCreated",
+                    format!("created drain pod {name} for {}", names(&refs)),
                 )
-                .await?;
-            }
-            let pod = template.pod(&DrainPodInput {
-                ordinal: *ordinal,
-                replicas,
-                claims: claims
-                    .iter()
-                    .map(|(t, c)| (t.clone(), (c.name.clone(), c.uid.clone())))
-                    .collect(),
-            });
-            let name = template.pod_name(*ordinal);
-            match cluster
-                .create_pod(&pod)
-                .await
-                .map_err(|source| ActError::CreateDrainPod {
-                    name: name.clone(),
-                    source,
-                })? {
-                Created::Uid(uid) => {
-                    info!(pod = %name, attempt, "created drain pod");
-                    annotate_all(
-                        cluster,
-                        &refs,
-                        &set(&[(claim_annotations::POD_UID, uid.clone())]),
-                    )
-                    .await?;
-                    let (reason, note) = if *attempt > 1 {
-                        (
-                            "DrainRetrying",
-                            format!(
-                                "created drain pod {name} (attempt {attempt}) for {}",
-                                names(&refs)
-                            ),
-                        )
-                    } else {
-                        (
-                            "DrainPodCreated",
-                            format!("created drain pod {name} for {}", names(&refs)),
-                        )
-                    };
-                    cluster
-                        .event(&Subject::Set, Severity::Normal, reason, note.clone())
-                        .await;
-                    cluster
-                        .event(&Subject::Pod { name, uid }, Severity::Normal, reason, note)
-                        .await;
-                }
-                Created::AlreadyExists => {
-                    info!(pod = %name, "a pod named like the drain pod exists; waiting for it");
-                }
-            }
-        }
-        Action::RecordDrainPod {
-            claims, pod_uid, ..
-        } => {
-            annotate_all(
-                cluster,
-                claims,
-                &set(&[(claim_annotations::POD_UID, pod_uid.clone())]),
-            )
-            .await?;
+            };
+            vec![
+                on_set(Normal, reason, note.clone()),
+                EventSpec {
+                    subject: Subject::Pod {
+                        name,
+                        uid: uid.clone(),
+                    },
+                    severity: Normal,
+                    reason,
+                    note,
+                },
+            ]
         }
         Action::RecordFailure {
             ordinal,
             claims,
             pod_uid,
+            kind,
             attempts,
             retry_after,
             reason,
             gave_up,
-            only_if_pod_gone,
+            ..
         } => {
-            if *only_if_pod_gone {
-                let name = template.pod_name(*ordinal);
-                let now_uid = cluster
-                    .pod_uid(&name)
-                    .await
-                    .map_err(|source| ActError::Confirm {
-                        what: format!("pod {name}"),
-                        source,
-                    })?;
-                if now_uid.as_deref() == Some(pod_uid.as_str()) {
-                    info!(pod = %name, "drain pod still exists (the cache lagged); not a failure");
-                    return Ok(());
+            let name = ctx.pod_name(*ordinal);
+            let (event_reason, what) = match kind {
+                FailureKind::Failed | FailureKind::Vanished => ("DrainFailed", "failed"),
+                FailureKind::Interrupted => ("DrainInterrupted", "was interrupted"),
+                FailureKind::Stuck => ("DrainStuck", "is stuck"),
+                FailureKind::DeadlineExceeded => {
+                    ("DrainDeadlineExceeded", "ran past the drain deadline")
                 }
-            }
-            let record = set(&[
-                (claim_annotations::ATTEMPTS, attempts.to_string()),
-                (claim_annotations::RETRY_AFTER, retry_after.to_string()),
-                (claim_annotations::LAST_FAILURE, reason.clone()),
-                (claim_annotations::COUNTED_POD_UID, pod_uid.clone()),
-            ]);
-            annotate_all(cluster, claims, &record).await?;
-            let name = template.pod_name(*ordinal);
-            warn!(pod = %name, attempts, %reason, gave_up, "drain failed");
-            let note = format!("drain pod {name} failed (attempt {attempts}): {reason}");
-            cluster
-                .event(
-                    &Subject::Pod {
-                        name: name.clone(),
-                        uid: pod_uid.clone(),
-                    },
-                    Severity::Warning,
-                    "DrainFailed",
-                    note.clone(),
-                )
-                .await;
+            };
+            let note = format!("drain pod {name} {what} (attempt {attempts}): {reason}");
+            let mut out = vec![EventSpec {
+                subject: Subject::Pod {
+                    name,
+                    uid: pod_uid.clone(),
+                },
+                severity: Warning,
+                reason: event_reason,
+                note: note.clone(),
+            }];
             if *gave_up {
                 let note = format!(
                     "{note}; giving up: claims {} are kept (remove the drain-* annotations from them, \
-                     or raise the limit, to retry)",
+                     raise the limit, or change the drain template to retry)",
                     names(claims)
                 );
-                cluster
-                    .event(&Subject::Set, Severity::Warning, "DrainGaveUp", note)
-                    .await;
+                out.push(on_set(Warning, "DrainGaveUp", note));
             } else {
-                let secs = retry_after.duration_since(now).as_secs().max(0);
-                let note = format!("{note}; retrying in {secs}s");
-                cluster
-                    .event(&Subject::Set, Severity::Warning, "DrainFailed", note)
-                    .await;
+                let secs = retry_after.duration_since(ctx.now).as_secs().max(0);
+                out.push(on_set(
+                    Warning,
+                    event_reason,
+                    format!("{note}; retrying in {secs}s"),
+                ));
             }
+            out
         }
-        Action::DeleteDrainPod { name, uid, why, .. } => {
-            cluster
-                .delete_pod(name, uid)
-                .await
-                .map_err(|source| ActError::DeleteDrainPod {
-                    name: name.clone(),
-                    source,
-                })?;
-            info!(pod = %name, ?why, "deleted drain pod");
-            match why {
-                DeleteWhy::Cancelled => {
-                    let note = format!(
-                        "scale-up: cancelled the drain of {name}; its claims are kept for the returning pod"
-                    );
-                    cluster
-                        .event(&Subject::Set, Severity::Normal, "DrainCancelled", note)
-                        .await;
-                }
-                DeleteWhy::DeadlineExceeded => {
-                    let note =
-                        format!("drain pod {name} ran past the drain deadline and was stopped");
-                    cluster
-                        .event(
-                            &Subject::Set,
-                            Severity::Warning,
-                            "DrainDeadlineExceeded",
-                            note,
-                        )
-                        .await;
-                }
-                DeleteWhy::Succeeded | DeleteWhy::Failed => {}
-            }
-        }
+        Action::DeleteDrainPod { name, why, .. } => match why {
+            DeleteWhy::Cancelled => vec![on_set(
+                Normal,
+                "DrainCancelled",
+                format!(
+                    "scale-up: cancelled the drain of {name}; its claims are kept for the returning pod"
+                ),
+            )],
+            DeleteWhy::ScaleUpWaitExceeded => vec![on_set(
+                Warning,
+                "ScaleUpWaitExceeded",
+                format!(
+                    "scale-up: the returning pod waited too long for drain {name} (policy finish); \
+                     cancelled it, its claims are kept for the returning pod"
+                ),
+            )],
+            DeleteWhy::TemplateChanged => vec![on_set(
+                Normal,
+                "DrainTemplateChanged",
+                format!(
+                    "drain template changed: replacing drain pod {name}, which had not started"
+                ),
+            )],
+            DeleteWhy::Succeeded
+            | DeleteWhy::Failed
+            | DeleteWhy::DeadlineExceeded
+            | DeleteWhy::Stuck => Vec::new(),
+        },
         Action::DeleteClaims { ordinal, claims } => {
-            let name = template.pod_name(*ordinal);
-            let note = format!(
-                "drain pod {name} succeeded; deleting claims {}",
-                names(claims)
-            );
-            cluster
-                .event(
-                    &Subject::Set,
-                    Severity::Normal,
+            let name = ctx.pod_name(*ordinal);
+            vec![
+                on_set(
+                    Normal,
                     "DrainSucceeded",
-                    note.clone(),
-                )
-                .await;
-            for c in claims {
-                cluster
-                    .delete_claim(&c.name, &c.uid)
-                    .await
-                    .map_err(|source| ActError::DeleteClaim {
-                        name: c.name.clone(),
-                        source,
-                    })?;
-                info!(claim = %c.name, "deleted drained claim");
-            }
-            let note = format!("deleted claims {} drained by {name}", names(claims));
-            cluster
-                .event(&Subject::Set, Severity::Normal, "ClaimsDeleted", note)
-                .await;
+                    format!(
+                        "drain pod {name} succeeded; deleting claims {}",
+                        names(claims)
+                    ),
+                ),
+                on_set(
+                    Normal,
+                    "ClaimsDeleted",
+                    format!("deleted claims {} drained by {name}", names(claims)),
+                ),
+            ]
         }
-        Action::ClearRecord { claims, .. } => {
-            let clear: BTreeMap<String, Option<String>> = claim_annotations::ALL
-                .iter()
-                .map(|k| ((*k).to_owned(), None))
-                .collect();
-            annotate_all(cluster, claims, &clear).await?;
-        }
+        Action::Warn {
+            reason, message, ..
+        } => vec![on_set(Warning, reason, message.clone())],
+        Action::RecordDrainPod { .. }
+        | Action::RecordReturn { .. }
+        | Action::ClearRecord { .. } => Vec::new(),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -20,6 +20,18 @@ pub struct Args {
     /// Longest delay between drain attempts.
     #[arg(long, env = "DRAIN_CONTROLLER_RETRY_MAX_DELAY", default_value = "5m", value_parser = humantime::parse_duration)]
     pub retry_max_delay: Duration,
+    /// A drain pod that has not started (or is blocked: image pull, unschedulable, config error)
+    /// this long after its creation is stuck: a failed attempt, deleted and retried.
+    #[arg(long, env = "DRAIN_CONTROLLER_STUCK_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub stuck_after: Duration,
+    /// A drain pod whose containers restarted this many times is stuck (a crash loop under
+    /// restartPolicy OnFailure): a failed attempt, deleted and retried.
+    #[arg(long, env = "DRAIN_CONTROLLER_MAX_RESTARTS", default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Under drain-on-scale-up: finish, the longest a returning ordinal waits for its drain
+    /// before the drain is cancelled (Warning ScaleUpWaitExceeded).
+    #[arg(long, env = "DRAIN_CONTROLLER_SCALE_UP_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub scale_up_wait: Duration,
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.
     #[arg(long, env = "DRAIN_CONTROLLER_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
     pub resync: Duration,
@@ -43,8 +55,19 @@ mod tests {
 
     #[test]
     fn durations_parse() {
-        let a = Args::parse_from(["x", "--retry-base-delay", "500ms", "--namespace", "ns"]);
+        let a = Args::parse_from([
+            "x",
+            "--retry-base-delay",
+            "500ms",
+            "--namespace",
+            "ns",
+            "--stuck-after",
+            "20s",
+        ]);
         assert_eq!(a.retry_base_delay, Duration::from_millis(500));
+        assert_eq!(a.stuck_after, Duration::from_secs(20));
+        assert_eq!(a.max_restarts, 3);
+        assert_eq!(a.scale_up_wait, Duration::from_secs(300));
         assert_eq!(a.namespace.as_deref(), Some("ns"));
     }
 }

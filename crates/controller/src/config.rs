@@ -9,10 +9,12 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 /// What a scale-up does to a drain in flight for an ordinal that comes back in range.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnScaleUp {
-    /// The drain completes; the returning pod gets a fresh claim (annotation value `finish`).
-    #[default]
+    /// The drain completes; the returning pod gets a fresh claim (annotation value `finish`). The
+    /// returning pod waits at most the controller's `--scale-up-wait`.
     Finish,
-    /// The drain pod is deleted; the returning pod gets its claims back (annotation value `cancel`).
+    /// The drain pod is stopped; the returning pod gets its claims back, unless the drain had
+    /// already succeeded (annotation value `cancel`, the default).
+    #[default]
     Cancel,
 }
 
@@ -35,7 +37,7 @@ impl Default for DrainConfig {
     fn default() -> Self {
         Self {
             max_concurrent: None,
-            on_scale_up: OnScaleUp::Finish,
+            on_scale_up: OnScaleUp::Cancel,
             inherit_pod_spec: true,
             max_attempts: None,
             deadline: None,
@@ -171,7 +173,7 @@ mod tests {
     fn defaults_without_annotations() {
         assert_eq!(parse(&[]), Ok(DrainConfig::default()));
         let config = DrainConfig::default();
-        assert_eq!(config.on_scale_up, OnScaleUp::Finish);
+        assert_eq!(config.on_scale_up, OnScaleUp::Cancel);
         assert!(config.inherit_pod_spec);
         assert_eq!(config.max_concurrent, None);
         assert_eq!(config.max_attempts, None);
@@ -182,7 +184,7 @@ mod tests {
     fn reads_every_annotation() {
         let config = parse(&[
             (annotations::MAX_CONCURRENT, "3"),
-            (annotations::ON_SCALE_UP, "cancel"),
+            (annotations::ON_SCALE_UP, "finish"),
             (annotations::INHERIT_POD_SPEC, "false"),
             (annotations::MAX_ATTEMPTS, " 5 "),
             (annotations::DEADLINE_SECONDS, "600"),
@@ -192,7 +194,7 @@ mod tests {
             config,
             Ok(DrainConfig {
                 max_concurrent: Some(3),
-                on_scale_up: OnScaleUp::Cancel,
+                on_scale_up: OnScaleUp::Finish,
                 inherit_pod_spec: false,
                 max_attempts: Some(5),
                 deadline: Some(Duration::from_secs(600)),
@@ -202,6 +204,7 @@ mod tests {
 
     #[rstest]
     #[case::on_scale_up_finish(annotations::ON_SCALE_UP, "finish")]
+    #[case::on_scale_up_cancel(annotations::ON_SCALE_UP, "cancel")]
     #[case::inherit_true(annotations::INHERIT_POD_SPEC, "true")]
     #[case::max_concurrent_one(annotations::MAX_CONCURRENT, "1")]
     fn accepts(#[case] annotation: &str, #[case] value: &str) {

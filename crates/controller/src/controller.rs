@@ -3,7 +3,7 @@
 //! their StatefulSet, the reconcile pipeline, the error policy, and the cluster seam's real
 //! implementation.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use futures::{StreamExt, TryStreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -22,10 +23,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::act::{self, ActError, Cluster, Created, Severity, Subject};
-use crate::config::DrainConfig;
+use crate::act::{self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Severity, Subject};
 use crate::status::StatusReport;
-use crate::{observe, plan, template};
+use crate::validate::{self, Flags};
+use crate::watch::{self, Filter, Index, SetKey};
+use crate::{observe, plan};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "statefulset-drain-controller";
@@ -35,10 +37,8 @@ pub const FIELD_MANAGER: &str = "statefulset-drain-controller";
 pub struct ControllerConfig {
     /// Watch and act in this namespace only (`None`: all namespaces).
     pub namespace: Option<String>,
-    /// First retry delay of a failed drain.
-    pub retry_base: Duration,
-    /// Longest retry delay of a failed drain.
-    pub retry_max: Duration,
+    /// The flags that shape every set's plan.
+    pub flags: Flags,
     /// Reconcile each opted-in set at least this often.
     pub resync: Duration,
 }
@@ -49,9 +49,15 @@ pub enum Error {
     /// A cache stopped (the watch's writer was dropped).
     #[error("the watch caches stopped")]
     CachesStopped,
-    /// An action failed.
-    #[error(transparent)]
-    Act(#[from] ActError),
+    /// One or more actions failed (the first is the source).
+    #[error("{count} action(s) failed")]
+    Act {
+        /// How many.
+        count: usize,
+        /// The first.
+        #[source]
+        first: ActError,
+    },
     /// Writing the status annotation failed.
     #[error("failed to write the drain status of statefulset {name}")]
     PatchStatus {
@@ -68,7 +74,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::CachesStopped => "CachesStopped",
-            Self::Act(e) => e.reason(),
+            Self::Act { first, .. } => first.reason(),
             Self::PatchStatus { .. } => "PatchStatusFailed",
         }
     }
@@ -80,6 +86,8 @@ pub struct Context {
     stateful_pods: Store<PartialObjectMeta<Pod>>,
     drain_pods: Store<Pod>,
     claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    drain_pod_index: Index,
+    claim_index: Index,
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
@@ -139,7 +147,8 @@ where
 }
 
 /// Keeps only what reconciling needs of a set: everything of an opted-in set but its managed
-/// fields and last-applied copy; only the metadata identity of the others.
+/// fields and last-applied copy; of the others, what finishing a drain in flight needs (identity,
+/// replicas, ordinals, claim template names, the status annotation).
 fn slim_set(set: &mut StatefulSet) {
     set.metadata.managed_fields = None;
     set.status = None;
@@ -148,10 +157,100 @@ fn slim_set(set: &mut StatefulSet) {
             a.remove("kubectl.kubernetes.io/last-applied-configuration");
         }
     } else {
-        set.spec = None;
-        set.metadata.annotations = None;
+        if let Some(a) = set.metadata.annotations.as_mut() {
+            a.retain(|k, _| k == annotations::STATUS);
+        }
         set.metadata.labels = None;
+        if let Some(spec) = set.spec.as_mut() {
+            let templates = spec.volume_claim_templates.take().map(|ts| {
+                ts.into_iter()
+                    .map(|t| k8s_openapi::api::core::v1::PersistentVolumeClaim {
+                        metadata: ObjectMeta {
+                            name: t.metadata.name,
+                            ..ObjectMeta::default()
+                        },
+                        ..Default::default()
+                    })
+                    .collect()
+            });
+            *spec = k8s_openapi::api::apps::v1::StatefulSetSpec {
+                replicas: spec.replicas,
+                ordinals: spec.ordinals.take(),
+                volume_claim_templates: templates,
+                ..Default::default()
+            };
+        }
     }
+}
+
+/// What of a set can change a decision: not its status, nor the status annotation we write.
+fn set_fingerprint(set: &StatefulSet) -> u64 {
+    let m = &set.metadata;
+    let annotations: Vec<(&String, &String)> = m
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != annotations::STATUS)
+        .collect();
+    watch::fingerprint((
+        &m.uid,
+        m.generation,
+        m.deletion_timestamp.is_some(),
+        annotations,
+    ))
+}
+
+/// What of a stateful pod can change a decision: that it exists, and whether it is going.
+fn stateful_pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {
+    let m = &pod.metadata;
+    watch::fingerprint((&m.uid, m.deletion_timestamp.is_some()))
+}
+
+/// What of a drain pod can change a decision: everything the planner sees but its
+/// resourceVersion, and whose it is.
+fn drain_pod_fingerprint(pod: &Pod) -> u64 {
+    let obs = observe::drain_pod(pod, 0);
+    let owners: Vec<&str> = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| o.uid.as_str())
+        .collect();
+    let mut repr = format!("{:?}", obs.kind);
+    if let plan::PodKind::Drain(d) = &obs.kind {
+        repr = repr.replace(&d.resource_version, "");
+    }
+    watch::fingerprint((
+        repr,
+        obs.uid,
+        obs.terminating,
+        owners,
+        pod.labels().get(labels::DRAIN_POD),
+    ))
+}
+
+/// What of a claim can change a decision: that it exists, whether it is going, our annotations.
+fn claim_fingerprint(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> u64 {
+    let m = &claim.metadata;
+    watch::fingerprint((&m.uid, m.deletion_timestamp.is_some(), &m.annotations))
+}
+
+fn drain_pod_sets(pod: &Pod) -> Vec<SetKey> {
+    let ns = pod.namespace().unwrap_or_default();
+    pod.labels()
+        .get(labels::DRAIN_POD)
+        .map(|set| vec![(ns, set.clone())])
+        .unwrap_or_default()
+}
+
+fn claim_sets(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> Vec<SetKey> {
+    let ns = claim.metadata.namespace.clone().unwrap_or_default();
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    observe::claim_set_candidates(name)
+        .into_iter()
+        .map(|set| (ns.clone(), set.to_owned()))
+        .collect()
 }
 
 /// Keeps name, namespace, UID, deletion timestamp and owners of a stateful pod.
@@ -186,6 +285,11 @@ fn opted_in_ref(sets: &Store<StatefulSet>, name: &str, ns: &str) -> Option<Objec
     sets.get(&r).filter(|s| opted_in(s)).map(|_| r)
 }
 
+fn any_set_ref(sets: &Store<StatefulSet>, name: &str, ns: &str) -> Option<ObjectRef<StatefulSet>> {
+    let r = ObjectRef::new(name).within(ns);
+    sets.get(&r).map(|_| r)
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
     client: Client,
@@ -195,43 +299,77 @@ pub async fn run(
     let ns = config.namespace.as_deref();
     let wc = watcher::Config::default();
 
-    let (sets, sets_writer) = reflector::store();
-    let set_stream = watcher(api::<StatefulSet>(&client, ns), wc.clone())
-        .default_backoff()
-        .modify(slim_set)
-        .reflect(sets_writer)
-        .applied_objects()
-        .try_filter(|s| future::ready(opted_in(s)));
-
-    let (stateful_pods, sp_writer) = reflector::store();
-    let sp_stream = watcher(
-        api::<PartialObjectMeta<Pod>>(&client, ns),
-        wc.clone().labels(labels::STATEFUL_POD_NAME),
-    )
-    .default_backoff()
-    .modify(slim_pod_meta)
-    .reflect(sp_writer)
-    .touched_objects();
+    let drain_pod_index = Index::default();
+    let claim_index = Index::default();
 
     let (drain_pods, dp_writer) = reflector::store();
-    let dp_stream = watcher(
-        api::<Pod>(&client, ns),
-        wc.clone().labels(labels::DRAIN_POD),
+    let dp_stream = watch::changes(
+        watcher(
+            api::<Pod>(&client, ns),
+            wc.clone().labels(labels::DRAIN_POD),
+        )
+        .default_backoff()
+        .modify(slim_drain_pod)
+        .reflect(dp_writer),
+        Filter {
+            fingerprint: drain_pod_fingerprint,
+            sets: drain_pod_sets,
+            index: Some(drain_pod_index.clone()),
+        },
+    );
+
+    // Sets that opted in, and sets that opted out with drains still in flight, trigger.
+    let (sets, sets_writer) = reflector::store();
+    let in_flight = drain_pod_index.clone();
+    let set_stream = watch::changes(
+        watcher(api::<StatefulSet>(&client, ns), wc.clone())
+            .default_backoff()
+            .modify(slim_set)
+            .reflect(sets_writer),
+        Filter {
+            fingerprint: set_fingerprint,
+            sets: |_| Vec::new(),
+            index: None,
+        },
     )
-    .default_backoff()
-    .modify(slim_drain_pod)
-    .reflect(dp_writer)
-    .touched_objects();
+    .try_filter(move |s| {
+        let draining = !in_flight
+            .names(&s.namespace().unwrap_or_default(), &s.name_any())
+            .is_empty();
+        future::ready(opted_in(s) || draining)
+    });
+
+    let (stateful_pods, sp_writer) = reflector::store();
+    let sp_stream = watch::changes(
+        watcher(
+            api::<PartialObjectMeta<Pod>>(&client, ns),
+            wc.clone().labels(labels::STATEFUL_POD_NAME),
+        )
+        .default_backoff()
+        .modify(slim_pod_meta)
+        .reflect(sp_writer),
+        Filter {
+            fingerprint: stateful_pod_fingerprint,
+            sets: |_| Vec::new(),
+            index: None,
+        },
+    );
 
     let (claims, claims_writer) = reflector::store();
-    let claim_stream = watcher(
-        api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-        wc.clone(),
-    )
-    .default_backoff()
-    .modify(slim_claim)
-    .reflect(claims_writer)
-    .touched_objects();
+    let claim_stream = watch::changes(
+        watcher(
+            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+            wc.clone(),
+        )
+        .default_backoff()
+        .modify(slim_claim)
+        .reflect(claims_writer),
+        Filter {
+            fingerprint: claim_fingerprint,
+            sets: claim_sets,
+            index: Some(claim_index.clone()),
+        },
+    );
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -252,6 +390,8 @@ pub async fn run(
         stateful_pods,
         drain_pods,
         claims,
+        drain_pod_index,
+        claim_index,
         config,
         failures: Mutex::default(),
         ready,
@@ -270,10 +410,11 @@ pub async fn run(
                 .collect::<Vec<_>>()
         })
         .watches_stream(dp_stream, move |pod: Pod| {
+            // Whether the set opted in or not: a drain in flight is completed either way.
             let ns = pod.namespace().unwrap_or_default();
             pod.labels()
                 .get(labels::DRAIN_POD)
-                .and_then(|set| opted_in_ref(&s2, set, &ns))
+                .and_then(|set| any_set_ref(&s2, set, &ns))
         })
         .watches_stream(
             claim_stream,
@@ -333,11 +474,24 @@ fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
-fn with_uid(uid: &str) -> DeleteParams {
+/// Whether a failed write means the object we meant is gone or replaced: 404, 409 (UID
+/// precondition), or 422 for a patch whose `metadata.uid` no longer matches (immutable field).
+fn gone_or_replaced(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            s.code == 404
+                || s.code == 409
+                || (s.code == 422 && s.message.to_ascii_lowercase().contains("uid"))
+        }
+        _ => false,
+    }
+}
+
+fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
     DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid.to_owned()),
-            resource_version: None,
+            resource_version: resource_version.map(str::to_owned),
         }),
         ..DeleteParams::background()
     }
@@ -356,12 +510,34 @@ impl Cluster for KubeCluster<'_> {
         }
     }
 
-    async fn delete_pod(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
-        ok_if_gone(self.pods.delete(name, &with_uid(uid)).await.map(|_| ()))
+    async fn delete_pod(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+    ) -> Result<Deleted, kube::Error> {
+        let params = preconditioned(uid, resource_version);
+        match self.pods.delete(name, &params).await {
+            Ok(_) => Ok(Deleted::Deleted),
+            Err(kube::Error::Api(s))
+                if s.code == 409
+                    && resource_version.is_some()
+                    && s.message.contains("ResourceVersion") =>
+            {
+                Ok(Deleted::Changed)
+            }
+            Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
+            Err(e) => Err(e),
+        }
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
-        ok_if_gone(self.claims.delete(name, &with_uid(uid)).await.map(|_| ()))
+        ok_if_gone(
+            self.claims
+                .delete(name, &preconditioned(uid, None))
+                .await
+                .map(|_| ()),
+        )
     }
 
     async fn annotate_claim(
@@ -376,8 +552,11 @@ impl Cluster for KubeCluster<'_> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let patched = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
-        ok_if_gone(patched.map(|_| ()))
+        match self.claims.patch(name, &pp, &Patch::Merge(patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if gone_or_replaced(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
@@ -385,7 +564,7 @@ impl Cluster for KubeCluster<'_> {
         let Some(set) = self.sets.get_opt(&name).await? else {
             return Ok(false);
         };
-        if set.metadata.uid != self.set.uid {
+        if set.metadata.uid != self.set.uid || set.metadata.deletion_timestamp.is_some() {
             return Ok(false);
         }
         let spec = set.spec.unwrap_or_default();
@@ -398,8 +577,8 @@ impl Cluster for KubeCluster<'_> {
         Ok(self.pods.get_opt(name).await?.and_then(|p| p.metadata.uid))
     }
 
-    async fn event(&self, subject: &Subject, severity: Severity, reason: &str, note: String) {
-        let reference = match subject {
+    async fn event(&self, event: &EventSpec) {
+        let reference = match &event.subject {
             Subject::Set => self.set.clone(),
             Subject::Pod { name, uid } => ObjectReference {
                 api_version: Some("v1".to_owned()),
@@ -410,7 +589,14 @@ impl Cluster for KubeCluster<'_> {
                 ..ObjectReference::default()
             },
         };
-        publish(self.recorder, &reference, severity, reason, note).await;
+        publish(
+            self.recorder,
+            &reference,
+            event.severity,
+            event.reason,
+            event.note.clone(),
+        )
+        .await;
     }
 }
 
@@ -459,90 +645,101 @@ async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Resu
     }
 }
 
-/// Reconciles one opted-in StatefulSet:
+/// Reads one set's snapshot from the caches, through the per-set indexes.
+fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::Snapshot {
+    let name = set.name_any();
+    let ns = set.namespace().unwrap_or_default();
+    let claims: Vec<_> = ctx
+        .claim_index
+        .names(&ns, &name)
+        .iter()
+        .filter_map(|c| ctx.claims.get(&ObjectRef::new(c).within(&ns)))
+        .collect();
+    let drain_pods: Vec<_> = ctx
+        .drain_pod_index
+        .names(&ns, &name)
+        .iter()
+        .filter_map(|p| ctx.drain_pods.get(&ObjectRef::new(p).within(&ns)))
+        .collect();
+    let templates = observe::claim_templates(set);
+    let others: Vec<_> = claims
+        .iter()
+        .filter_map(|c| observe::parse_claim_name(c.metadata.name.as_deref()?, &name, &templates))
+        .map(|(_, o)| o)
+        .collect::<std::collections::BTreeSet<i32>>()
+        .iter()
+        .filter_map(|o| {
+            ctx.stateful_pods
+                .get(&ObjectRef::new(&format!("{name}-{o}")).within(&ns))
+        })
+        .collect();
+    let mut snap = observe::snapshot(
+        set,
+        claims.iter().map(|c| &c.metadata),
+        drain_pods.iter().map(|p| p.as_ref()),
+        others.iter().map(|p| &p.metadata),
+    );
+    if only_in_flight {
+        // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.
+        let drained: std::collections::BTreeSet<i32> = snap
+            .pods
+            .iter()
+            .filter(|p| matches!(p.kind, plan::PodKind::Drain(_)))
+            .map(|p| p.ordinal)
+            .collect();
+        snap.claims.retain(|c| drained.contains(&c.ordinal));
+        snap.pods.retain(|p| drained.contains(&p.ordinal));
+        snap.previous.retain(|o, _| drained.contains(o));
+    }
+    snap
+}
+
+/// Reconciles one StatefulSet that opted in, or that opted out with drains in flight:
 /// 1. observe: wait for the caches, then read the set's claims, drain pods and the pods holding
-///    its pod names from them;
-/// 2. validate: the drain annotations and template (invalid → Warning Event, status problem,
-///    nothing touched, wait for a change);
+///    its pod names from them; a set being deleted is left alone;
+/// 2. validate: [`validate::validate`] (invalid → Warning Event and a status problem; drains in
+///    flight are completed, no new one starts until the set changes);
 /// 3. plan: [`plan::plan`], pure;
-/// 4. act: [`act::apply`], idempotent, with Events;
-/// 5. report: the status annotation; requeue at the plan's next deadline or the resync period.
+/// 4. act: [`act::apply`], idempotent, with Events; one ordinal's failure does not stop others;
+/// 5. report: the status annotation (with the failed actions); requeue at the plan's next
+///    deadline or the resync period, or back off when an action failed.
 async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
     let span = info_span!("reconcile", statefulset = %name, namespace = %ns);
     async move {
-        if !opted_in(&set) {
-            // A requeue scheduled before the set opted out (its cached copy is slimmed).
+        if set.metadata.deletion_timestamp.is_some() {
+            // Being deleted: drain pods go with the set (garbage collector), claims stay.
+            debug!("statefulset is being deleted; leaving it alone");
             return Ok(Requeue::await_change());
         }
         ctx.wait_ready().await?;
         let set_ref = set_reference(&set);
-        let previous = set.annotations().get(annotations::STATUS).and_then(|t| StatusReport::parse(t));
+        let opted_in = opted_in(&set);
 
         // validate
-        let validated = DrainConfig::from_set(&set)
-            .map_err(|e| vec![(e.reason(), e.to_string())])
-            .and_then(|config| {
-                template::validate(&set, &config)
-                    .map(|t| (config, t))
-                    .map_err(|errs| errs.iter().map(|e| (e.reason(), e.to_string())).collect())
-            });
-        let (config, template) = match validated {
-            Ok(v) => v,
-            Err(problems) => {
-                for (reason, message) in &problems {
-                    warn!(reason, %message, "invalid drain settings; nothing is touched until the set changes");
-                    publish(&ctx.recorder, &set_ref, Severity::Warning, reason, format!("{message}; no drain runs until this is fixed")).await;
-                }
-                let text = problems.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; ");
-                report(&ctx, &set, &StatusReport::problem(previous, text)).await?;
-                return Ok(Requeue::await_change());
-            }
+        let validated = if opted_in { Some(validate::validate(&set)) } else { None };
+        let problems = match &validated {
+            Some(Err(problems)) => problems.clone(),
+            _ => Vec::new(),
         };
+        for p in &problems {
+            warn!(reason = p.reason, message = %p.message, "invalid drain settings; no new drain until the set changes");
+            publish(&ctx.recorder, &set_ref, Severity::Warning, p.reason, format!("{}; no new drain starts until this is fixed", p.message)).await;
+        }
+        let problem = (!problems.is_empty())
+            .then(|| problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; "));
+        let valid = match &validated {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(_)) => Err("the drain settings are invalid (see problem)"),
+            None => Err("the set opted out of draining"),
+        };
+        let settings = validate::settings(&set, valid, &ctx.config.flags);
 
         // observe
-        let claim_metas: Vec<_> = ctx
-            .claims
-            .state()
-            .into_iter()
-            .filter(|c| c.metadata.namespace.as_deref() == Some(ns.as_str()))
-            .collect();
-        let drain_pods: Vec<_> = ctx
-            .drain_pods
-            .state()
-            .into_iter()
-            .filter(|p| {
-                p.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && p.labels().get(labels::DRAIN_POD) == Some(&name)
-            })
-            .collect();
-        let templates = observe::claim_templates(&set);
-        let ordinals: BTreeSet<i32> = claim_metas
-            .iter()
-            .filter_map(|c| observe::parse_claim_name(c.metadata.name.as_deref()?, &name, &templates))
-            .map(|(_, o)| o)
-            .collect();
-        let others: Vec<_> = ordinals
-            .iter()
-            .filter_map(|o| ctx.stateful_pods.get(&ObjectRef::new(&format!("{name}-{o}")).within(&ns)))
-            .collect();
-        let snap = observe::snapshot(
-            &set,
-            claim_metas.iter().map(|c| &c.metadata),
-            drain_pods.iter().map(|p| p.as_ref()),
-            others.iter().map(|p| &p.metadata),
-        );
+        let snap = observe_set(&ctx, &set, !opted_in);
 
         // plan
-        let settings = plan::Settings {
-            max_concurrent: config.concurrency_limit(&set),
-            on_scale_up: config.on_scale_up,
-            max_attempts: config.max_attempts,
-            deadline: config.deadline,
-            retry_base: ctx.config.retry_base,
-            retry_max: ctx.config.retry_max,
-        };
         let now = Timestamp::now();
         let plan = plan::plan(&snap, &settings, now);
         if !plan.actions.is_empty() {
@@ -557,16 +754,30 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             recorder: &ctx.recorder,
             set: set_ref.clone(),
         };
-        if let Err(e) = act::apply(&cluster, &template, snap.replicas, &plan.actions, now).await {
-            error!(error = %e, source = ?std::error::Error::source(&e), "action failed; retrying with backoff");
-            let note = format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
-            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), note).await;
-            return Err(e.into());
+        let act_ctx = ActCtx {
+            set_name: &name,
+            replicas: snap.replicas,
+            template: valid.ok().map(|v| &v.template),
+            now,
+        };
+        let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
+        let mut errors: BTreeMap<i32, String> = BTreeMap::new();
+        for (ordinal, e) in &failed {
+            error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
+            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe()).await;
+            errors.entry(*ordinal).or_insert_with(|| e.describe());
         }
 
         // report
-        report(&ctx, &set, &StatusReport::of(&plan.status)).await?;
+        report(&ctx, &set, &StatusReport::of(&plan.status, problem, &errors)).await?;
+        if let Some((_, first)) = failed.into_iter().next() {
+            return Err(Error::Act { count: errors.len(), first });
+        }
         ctx.failures.lock().expect("failures lock").remove(&ObjectRef::from_obj(set.as_ref()));
+        if !opted_in || !problems.is_empty() {
+            // Only drains in flight are followed; their pods' changes trigger us.
+            return Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)));
+        }
         Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)))
     }
     .instrument(span)

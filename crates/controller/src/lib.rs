@@ -2,9 +2,10 @@
 //! their pod, it runs a drain pod of the same name bound to them, and deletes the claims only
 //! once that pod succeeded.
 //!
-//! Each reconcile is observe ([`observe`]) → validate ([`config`], [`template`]) → plan
-//! ([`plan`], pure) → act ([`act`], idempotent) → report ([`status`], Events); [`controller`]
-//! wires it to the watches.
+//! Each reconcile is observe ([`observe`]) → validate ([`validate`], from [`config`] and
+//! [`template`]) → plan ([`plan`], pure) → act ([`act`], idempotent) → report ([`status`],
+//! Events); [`controller`] wires it to the watches ([`watch`]: change filters and per-set
+//! indexes).
 
 pub mod act;
 pub mod cli;
@@ -16,6 +17,8 @@ pub mod observe;
 pub mod plan;
 pub mod status;
 pub mod template;
+pub mod validate;
+pub mod watch;
 
 use tracing_subscriber::EnvFilter;
 
@@ -39,8 +42,13 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await?;
     let config = controller::ControllerConfig {
         namespace: args.namespace,
-        retry_base: args.retry_base_delay,
-        retry_max: args.retry_max_delay,
+        flags: validate::Flags {
+            retry_base: args.retry_base_delay,
+            retry_max: args.retry_max_delay,
+            stuck_after: args.stuck_after,
+            max_restarts: args.max_restarts,
+            scale_up_wait: args.scale_up_wait,
+        },
         resync: args.resync,
     };
     let shutdown = async {

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use drain_api::{annotations, claim_annotations, labels, pod_annotations};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::plan::{Claim, DrainPhase, DrainRecord, PodKind, PodObs, Snapshot};
+use crate::plan::{Blocker, Claim, DrainPhase, DrainPod, DrainRecord, PodKind, PodObs, Snapshot};
 use crate::status::StatusReport;
 
 /// Parses a plain decimal ordinal: digits only, no sign, no leading zero (as the StatefulSet
@@ -73,6 +73,8 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         last_failure: annotation(meta, claim_annotations::LAST_FAILURE).map(str::to_owned),
         pod_uid: annotation(meta, claim_annotations::POD_UID).map(str::to_owned),
         counted_pod_uid: annotation(meta, claim_annotations::COUNTED_POD_UID).map(str::to_owned),
+        template_hash: annotation(meta, claim_annotations::TEMPLATE_HASH).map(str::to_owned),
+        returned_at: time(claim_annotations::RETURNED_AT),
     }
 }
 
@@ -90,24 +92,27 @@ pub fn claim(meta: &ObjectMeta, set: &str, templates: &[String]) -> Option<Claim
     })
 }
 
-/// Whether `pod` is a drain pod this controller made for the set with this name and UID.
-pub fn is_drain_pod_of(meta: &ObjectMeta, set: &str, set_uid: &str) -> bool {
-    let labelled = meta
-        .labels
+/// Whether `meta` is labelled as a drain pod of a set named `set`.
+pub fn labelled_drain_pod_of(meta: &ObjectMeta, set: &str) -> bool {
+    meta.labels
         .as_ref()
         .and_then(|l| l.get(labels::DRAIN_POD))
         .map(String::as_str)
-        == Some(set);
+        == Some(set)
+}
+
+/// Whether `pod` is a drain pod this controller made for the set with this name and UID.
+pub fn is_drain_pod_of(meta: &ObjectMeta, set: &str, set_uid: &str) -> bool {
     let owned = meta
         .owner_references
         .iter()
         .flatten()
         .any(|o| o.kind == "StatefulSet" && o.uid == set_uid);
-    labelled && owned
+    labelled_drain_pod_of(meta, set) && owned
 }
 
 /// Why a drain pod failed, in a few words: the pod's reason (e.g. Evicted) or the first
-/// container that exited non-zero.
+/// container that exited non-zero (now or on its last run).
 pub fn failure_reason(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
     if let Some(reason) = &status.reason {
@@ -118,25 +123,34 @@ pub fn failure_reason(pod: &Pod) -> Option<String> {
                 .to_owned(),
         );
     }
-    status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten())
-        .find_map(|c| {
-            let term = c.state.as_ref()?.terminated.as_ref()?;
-            (term.exit_code != 0).then(|| {
-                format!(
-                    "container {} exited with code {}{}",
-                    c.name,
-                    term.exit_code,
-                    term.reason
-                        .as_ref()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default()
-                )
-            })
+    container_statuses(pod).find_map(|c| {
+        let term = c
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .filter(|t| t.exit_code != 0)
+            .or_else(|| c.last_state.as_ref()?.terminated.as_ref())?;
+        (term.exit_code != 0).then(|| {
+            format!(
+                "container {} exited with code {}{}",
+                c.name,
+                term.exit_code,
+                term.reason
+                    .as_ref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )
         })
+    })
+}
+
+fn container_statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
+    pod.status.iter().flat_map(|s| {
+        s.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten())
+    })
 }
 
 fn phase(pod: &Pod) -> DrainPhase {
@@ -149,24 +163,119 @@ fn phase(pod: &Pod) -> DrainPhase {
     }
 }
 
+/// Waiting reasons that mean a container cannot start; the first two cannot go away by
+/// themselves.
+const DEFINITIVE_WAITING: [&str; 2] = ["ErrImageNeverPull", "InvalidImageName"];
+const BLOCKING_WAITING: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "ContainerCannotRun",
+    "PreCreateHookError",
+];
+
+fn to_timestamp(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
+    t.0
+}
+
+/// Why the pod cannot start, from its container waiting reasons or its scheduling condition.
+fn blocker(pod: &Pod) -> Option<Blocker> {
+    let waiting = container_statuses(pod).find_map(|c| {
+        let w = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = w.reason.as_deref()?;
+        let definitive = DEFINITIVE_WAITING.contains(&reason);
+        (definitive || BLOCKING_WAITING.contains(&reason)).then(|| Blocker {
+            reason: reason.to_owned(),
+            message: w.message.clone().unwrap_or_default(),
+            definitive,
+        })
+    });
+    waiting.or_else(|| {
+        let cond = pod
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        Some(Blocker {
+            reason: cond
+                .reason
+                .clone()
+                .unwrap_or_else(|| "Unschedulable".to_owned()),
+            message: cond.message.clone().unwrap_or_default(),
+            definitive: false,
+        })
+    })
+}
+
+/// When every container finished (the latest finish), if each reports a finish time.
+fn finished_at(pod: &Pod) -> Option<Timestamp> {
+    let mut latest: Option<Timestamp> = None;
+    let mut any = false;
+    for c in pod.status.as_ref()?.container_statuses.iter().flatten() {
+        any = true;
+        let t = to_timestamp(
+            c.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()?,
+        );
+        latest = Some(latest.map_or(t, |l| l.max(t)));
+    }
+    latest.filter(|_| any)
+}
+
 /// A drain pod, as the planner sees it.
 pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
-    let claims = annotation(&pod.metadata, pod_annotations::CLAIMS)
+    let meta = &pod.metadata;
+    let claims = annotation(meta, pod_annotations::CLAIMS)
         .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v).ok())
         .unwrap_or_default();
     let phase = phase(pod);
+    let delete_requested_at = meta.deletion_timestamp.as_ref().map(|t| {
+        let grace = meta.deletion_grace_period_seconds.unwrap_or(0).max(0);
+        to_timestamp(t)
+            .checked_sub(jiff::SignedDuration::from_secs(grace))
+            .unwrap_or(Timestamp::MIN)
+    });
+    let started = container_statuses(pod).any(|c| {
+        c.restart_count > 0
+            || c.last_state
+                .as_ref()
+                .is_some_and(|s| s.terminated.is_some())
+            || c.state
+                .as_ref()
+                .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+    });
+    let restarts = container_statuses(pod)
+        .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+        .max()
+        .unwrap_or(0);
     PodObs {
         ordinal,
-        name: pod.metadata.name.clone().unwrap_or_default(),
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
-        kind: PodKind::Drain {
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        terminating: meta.deletion_timestamp.is_some(),
+        kind: PodKind::Drain(DrainPod {
             phase,
             claims,
-            failure: (phase == DrainPhase::Failed)
+            failure: (phase == DrainPhase::Failed || restarts > 0)
                 .then(|| failure_reason(pod))
                 .flatten(),
-        },
+            template_hash: annotation(meta, pod_annotations::TEMPLATE_HASH).map(str::to_owned),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+            created_at: meta.creation_timestamp.as_ref().map(to_timestamp),
+            delete_requested_at,
+            finished_at: finished_at(pod),
+            started,
+            restarts,
+            blocker: blocker(pod),
+        }),
     }
 }
 
@@ -207,10 +316,15 @@ pub fn snapshot<'a>(
         let Some(pod_name) = pod.metadata.name.as_deref() else {
             continue;
         };
-        if let Some(o) = parse_pod_name(pod_name, &name)
-            && is_drain_pod_of(&pod.metadata, &name, &uid)
-        {
+        let Some(o) = parse_pod_name(pod_name, &name) else {
+            continue;
+        };
+        if is_drain_pod_of(&pod.metadata, &name, &uid) {
             pods.push(drain_pod(pod, o));
+        } else if labelled_drain_pod_of(&pod.metadata, &name) {
+            let mut foreign = other_pod(&pod.metadata, o);
+            foreign.kind = PodKind::Foreign;
+            pods.push(foreign);
         }
     }
     for meta in other_pods {
@@ -229,9 +343,9 @@ pub fn snapshot<'a>(
         .filter_map(|m| claim(m, &name, &templates))
         .collect();
     claims.sort_by(|a, b| (a.ordinal, &a.name).cmp(&(b.ordinal, &b.name)));
-    let previous_done = annotation(&set.metadata, annotations::STATUS)
+    let previous = annotation(&set.metadata, annotations::STATUS)
         .and_then(StatusReport::parse)
-        .map(|r| r.done())
+        .map(|r| r.states())
         .unwrap_or_default();
     Snapshot {
         set_name: name,
@@ -242,7 +356,7 @@ pub fn snapshot<'a>(
             .unwrap_or(0),
         claims,
         pods,
-        previous_done,
+        previous,
     }
 }
 

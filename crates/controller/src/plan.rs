@@ -2,22 +2,29 @@
 //! removed ordinal's drain forward, and the state of every ordinal for the status report. Pure:
 //! no client, no clock; the whole drain lifecycle is here and nowhere else.
 //!
-//! Per ordinal that has claims or a drain pod, highest first:
+//! Per ordinal that has claims or a drain pod, highest first, by what holds the ordinal's name:
 //!
-//! | observed                                           | actions                                  |
-//! |----------------------------------------------------|------------------------------------------|
-//! | another pod with the ordinal's name (stateful pod) | wait for it to go                        |
-//! | out of range, no pod, live claims, slot free       | `CreateDrainPod`                         |
-//! | drain pod running, UID not recorded on claims      | `RecordDrainPod`                         |
-//! | drain pod Succeeded                                | `DeleteClaims` (recorded UIDs) → `DeleteDrainPod` |
-//! | drain pod Failed, or deleted by someone            | `RecordFailure` (backoff) → `DeleteDrainPod` |
-//! | drain pod running past the deadline                | `RecordFailure` (gave up) → `DeleteDrainPod` |
-//! | back in range, drain running, `cancel` policy      | `DeleteDrainPod` → `ClearRecord`         |
-//! | back in range, no drain pod, drain record on claims| `ClearRecord`                            |
+//! | holds the name | observed                                       | actions                         |
+//! |----------------|------------------------------------------------|---------------------------------|
+//! | nothing        | out of range, live claims, slot free           | `CreateDrainPod`                |
+//! | nothing        | the current attempt's pod vanished             | `RecordFailure` (backoff)       |
+//! | nothing        | back in range, drain record on the claims      | `ClearRecord`                   |
+//! | stateful pod   | out of range (terminating or not)              | wait for it to go               |
+//! | foreign pod    | labelled as our drain pod, not owned by the set| `Warn` (blocked), never deleted |
+//! | drain pod      | succeeded before any deletion request          | `DeleteClaims` → `DeleteDrainPod` |
+//! | drain pod      | exited 0 after a deletion request (interrupted)| `RecordFailure`; claims kept    |
+//! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
+//! | drain pod      | stuck (cannot start, crash-looping)            | `RecordFailure` → `DeleteDrainPod` |
+//! | drain pod      | not started, built from an older template      | `DeleteDrainPod` (replaced)     |
+//! | drain pod      | running past the deadline                      | `RecordFailure` → `DeleteDrainPod` |
+//! | drain pod      | running, UID not recorded on the claims        | `RecordDrainPod`                |
+//! | drain pod      | back in range, `cancel` (or drains stopped)    | `DeleteDrainPod` → `ClearRecord`|
+//! | drain pod      | back in range, `finish`                        | `RecordReturn`; cancel after the wait |
 //!
-//! Invariants (property-tested below): a claim is deleted only when a Succeeded drain pod of its
-//! ordinal recorded that claim's UID; no drain pod is created for an ordinal in range or whose
-//! name is taken; never more drains at once than allowed.
+//! Invariants (property-tested below): a claim is deleted only when a drain pod of its ordinal
+//! recorded that claim's UID and succeeded before anyone asked for its deletion; no drain pod is
+//! created for an ordinal in range or whose name is taken; never more drains at once than
+//! allowed; a drain pod believed unfinished is only deleted with a resourceVersion precondition.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -31,9 +38,9 @@ use crate::config::OnScaleUp;
 /// [`drain_api::claim_annotations`]): all drain state lives in the cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DrainRecord {
-    /// Failed attempts so far.
+    /// Failed attempts so far in this series.
     pub attempts: u32,
-    /// When the first attempt started (the deadline counts from it).
+    /// When the series' first attempt started (the deadline counts from it).
     pub first_attempt_at: Option<Timestamp>,
     /// No new drain pod before this time.
     pub retry_after: Option<Timestamp>,
@@ -43,6 +50,10 @@ pub struct DrainRecord {
     pub pod_uid: Option<String>,
     /// UID of the drain pod whose failure was last counted.
     pub counted_pod_uid: Option<String>,
+    /// Hash of the drain template this series of attempts runs with.
+    pub template_hash: Option<String>,
+    /// When a scale-up brought the ordinal back while its drain ran under `finish`.
+    pub returned_at: Option<Timestamp>,
 }
 
 impl DrainRecord {
@@ -76,7 +87,7 @@ pub enum DrainPhase {
     Pending,
     /// Running.
     Running,
-    /// Every container exited 0: the drain is done.
+    /// Every container exited 0 (a success only if that happened before any deletion request).
     Succeeded,
     /// Failed (or evicted).
     Failed,
@@ -84,20 +95,67 @@ pub enum DrainPhase {
     Unknown,
 }
 
+/// Why a drain pod cannot start, as the kubelet or the scheduler says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocker {
+    /// The waiting reason (`ErrImageNeverPull`, `ImagePullBackOff`, …) or `Unschedulable`.
+    pub reason: String,
+    /// The message that came with it.
+    pub message: String,
+    /// Whether it cannot go away by itself (`ErrImageNeverPull`, `InvalidImageName`).
+    pub definitive: bool,
+}
+
+/// What the planner sees of a drain pod this controller made for the set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainPod {
+    /// Its phase.
+    pub phase: DrainPhase,
+    /// The claims it drains, `{name: UID}`, from its annotation.
+    pub claims: BTreeMap<String, String>,
+    /// Why it failed, when it did (pod reason/message or container exit).
+    pub failure: Option<String>,
+    /// Hash of the template it was built from (absent on pods of older controllers).
+    pub template_hash: Option<String>,
+    /// Its resourceVersion: deletes of a drain pod believed unfinished are preconditioned on it.
+    pub resource_version: String,
+    /// When it was created.
+    pub created_at: Option<Timestamp>,
+    /// When someone asked for its deletion: `deletionTimestamp − deletionGracePeriodSeconds`.
+    pub delete_requested_at: Option<Timestamp>,
+    /// When its last container finished; `None` unless every container reports a finish time.
+    pub finished_at: Option<Timestamp>,
+    /// Whether any of its containers ever ran.
+    pub started: bool,
+    /// Most restarts of any of its containers.
+    pub restarts: u32,
+    /// Why it cannot start, if something says so.
+    pub blocker: Option<Blocker>,
+}
+
+impl DrainPod {
+    /// Whether it succeeded before anyone asked for its deletion: a pod told to stop may exit 0
+    /// without having finished, so its success is proven only by a finish time strictly before
+    /// the deletion request (a tie or missing data is not proof).
+    pub fn proven_success(&self) -> bool {
+        self.phase == DrainPhase::Succeeded
+            && match self.delete_requested_at {
+                None => true,
+                Some(asked) => self.finished_at.is_some_and(|done| done < asked),
+            }
+    }
+}
+
 /// What kind of pod holds an ordinal's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodKind {
-    /// Not a drain pod of this set: the StatefulSet's own pod, or anything else by that name.
+    /// The StatefulSet's own pod, or anything else by that name.
     Other,
+    /// Labelled as a drain pod of a set of this name but not owned by this set (left by an
+    /// earlier set of the same name): never ours to delete.
+    Foreign,
     /// A drain pod this controller made for this set.
-    Drain {
-        /// Its phase.
-        phase: DrainPhase,
-        /// The claims it drains, `{name: UID}`, from its annotation.
-        claims: BTreeMap<String, String>,
-        /// Why it failed, when it did (pod reason/message or container exit).
-        failure: Option<String>,
-    },
+    Drain(DrainPod),
 }
 
 /// A pod named `<set>-<ordinal>`.
@@ -128,13 +186,31 @@ pub struct Snapshot {
     pub claims: Vec<Claim>,
     /// Pods holding one of the set's pod names.
     pub pods: Vec<PodObs>,
-    /// Ordinals the last status report showed as done, with when.
-    pub previous_done: BTreeMap<i32, Timestamp>,
+    /// The ordinal states of the last status report.
+    pub previous: BTreeMap<i32, OrdinalState>,
+}
+
+/// Whether new drains may start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NewDrains {
+    /// Yes, from the drain template with this hash.
+    Allowed {
+        /// Hash of the current drain template.
+        template_hash: String,
+    },
+    /// No: the set opted out or its drain settings are invalid. Drains in flight are still
+    /// completed and cleaned up.
+    Stopped {
+        /// Why, for the status.
+        why: String,
+    },
 }
 
 /// The per-set knobs of the planner (validated annotations and controller flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
+    /// Whether new drains may start.
+    pub new_drains: NewDrains,
     /// Most drains at once (`None`: unlimited).
     pub max_concurrent: Option<u32>,
     /// What a scale-up does to a drain in flight.
@@ -147,17 +223,29 @@ pub struct Settings {
     pub retry_base: Duration,
     /// Longest retry delay.
     pub retry_max: Duration,
+    /// A drain pod that has not started (or is blocked) this long after its creation is stuck.
+    pub stuck_after: Duration,
+    /// A drain pod whose containers restarted this often is stuck.
+    pub max_restarts: u32,
+    /// Under `finish`, the longest a returning ordinal waits for its drain.
+    pub scale_up_wait: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Self {
+            new_drains: NewDrains::Allowed {
+                template_hash: String::new(),
+            },
             max_concurrent: Some(1),
-            on_scale_up: OnScaleUp::Finish,
+            on_scale_up: OnScaleUp::Cancel,
             max_attempts: None,
             deadline: None,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
+            stuck_after: Duration::from_secs(300),
+            max_restarts: 3,
+            scale_up_wait: Duration::from_secs(300),
         }
     }
 }
@@ -178,26 +266,47 @@ pub enum DeleteWhy {
     Succeeded,
     /// It failed; a new one follows after a backoff.
     Failed,
-    /// Its ordinal came back in range and the set's policy is `cancel`.
+    /// Its ordinal came back in range (policy `cancel`, or drains stopped).
     Cancelled,
+    /// Its ordinal came back under `finish` and the drain ran past the scale-up wait.
+    ScaleUpWaitExceeded,
     /// It ran past the set's deadline.
     DeadlineExceeded,
+    /// It is stuck (cannot start, or crash-loops).
+    Stuck,
+    /// It had not started and the drain template changed.
+    TemplateChanged,
+}
+
+/// What kind of failed attempt is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The drain pod failed.
+    Failed,
+    /// The drain pod exited 0 after someone asked it to stop: not a success.
+    Interrupted,
+    /// The drain pod could not start or crash-looped.
+    Stuck,
+    /// The drain ran past the deadline.
+    DeadlineExceeded,
+    /// The drain pod disappeared before it finished.
+    Vanished,
 }
 
 /// One step the act side carries out, in order; it decides nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Record the first attempt's time on the claims (when `first_attempt_at` is set), create
-    /// the drain pod for `ordinal` bound to `claims` (by claim template), then record its UID.
+    /// Start a new series on the claims (when `new_series` is set), create the drain pod for
+    /// `ordinal` bound to `claims` (by claim template), then record its UID.
     CreateDrainPod {
         /// Ordinal.
         ordinal: i32,
         /// Live claims by claim template name.
         claims: BTreeMap<String, ClaimRef>,
-        /// 1 for the first attempt.
+        /// 1 for the first attempt of the series.
         attempt: u32,
-        /// Set when this is the first attempt.
-        first_attempt_at: Option<Timestamp>,
+        /// Set when this starts a new series of attempts: its start time and template hash.
+        new_series: Option<(Timestamp, String)>,
     },
     /// Record a running drain pod's UID on the claims.
     RecordDrainPod {
@@ -216,6 +325,8 @@ pub enum Action {
         claims: Vec<ClaimRef>,
         /// The failed drain pod's UID (counted once).
         pod_uid: String,
+        /// What kind of failure.
+        kind: FailureKind,
         /// Failed attempts including this one.
         attempts: u32,
         /// No new drain pod before this.
@@ -228,7 +339,17 @@ pub enum Action {
         /// no pod with `pod_uid` holds the name (the cache may lag behind a fresh create).
         only_if_pod_gone: bool,
     },
-    /// Delete the drain pod (UID precondition).
+    /// Record when a scale-up brought the ordinal back under `finish`.
+    RecordReturn {
+        /// Ordinal.
+        ordinal: i32,
+        /// Claims to annotate.
+        claims: Vec<ClaimRef>,
+        /// When.
+        at: Timestamp,
+    },
+    /// Delete the drain pod (UID precondition; resourceVersion too when it is believed
+    /// unfinished, so a pod that succeeded in the meantime is not stopped).
     DeleteDrainPod {
         /// Ordinal.
         ordinal: i32,
@@ -236,6 +357,8 @@ pub enum Action {
         name: String,
         /// Pod UID.
         uid: String,
+        /// The resourceVersion it must still have.
+        resource_version: Option<String>,
         /// Why.
         why: DeleteWhy,
     },
@@ -243,7 +366,7 @@ pub enum Action {
     DeleteClaims {
         /// Ordinal.
         ordinal: i32,
-        /// Exactly the claims the Succeeded drain pod recorded.
+        /// Exactly the claims the succeeded drain pod recorded.
         claims: Vec<ClaimRef>,
     },
     /// Remove the drain record from claims whose ordinal is back in range.
@@ -253,6 +376,31 @@ pub enum Action {
         /// Claims to clear.
         claims: Vec<ClaimRef>,
     },
+    /// Tell the user about a state the controller will not resolve by itself.
+    Warn {
+        /// Ordinal.
+        ordinal: i32,
+        /// Event reason.
+        reason: &'static str,
+        /// What is wrong and what to do.
+        message: String,
+    },
+}
+
+impl Action {
+    /// The ordinal the action is about.
+    pub fn ordinal(&self) -> i32 {
+        match self {
+            Self::CreateDrainPod { ordinal, .. }
+            | Self::RecordDrainPod { ordinal, .. }
+            | Self::RecordFailure { ordinal, .. }
+            | Self::RecordReturn { ordinal, .. }
+            | Self::DeleteDrainPod { ordinal, .. }
+            | Self::DeleteClaims { ordinal, .. }
+            | Self::ClearRecord { ordinal, .. }
+            | Self::Warn { ordinal, .. } => *ordinal,
+        }
+    }
 }
 
 /// Where one ordinal's drain stands, for the status annotation.
@@ -268,6 +416,13 @@ pub enum OrdinalState {
     Draining {
         /// Attempt number (1 for the first).
         attempt: u32,
+    },
+    /// The drain pod cannot start or crash-loops; it is replaced.
+    Stuck {
+        /// Attempt number.
+        attempt: u32,
+        /// Why.
+        reason: String,
     },
     /// The last attempt failed; another follows.
     Retrying {
@@ -288,6 +443,11 @@ pub enum OrdinalState {
         #[serde(rename = "lastFailure")]
         last_failure: String,
         /// Why retrying stopped.
+        reason: String,
+    },
+    /// Something the controller must not touch holds the ordinal's name.
+    Blocked {
+        /// What, and what to do.
         reason: String,
     },
     /// The drain succeeded; claims deleted (or being deleted).
@@ -341,6 +501,12 @@ fn merged_record(claims: &[&Claim]) -> DrainRecord {
         if best.pod_uid.is_none() {
             best.pod_uid.clone_from(&r.pod_uid);
         }
+        if best.template_hash.is_none() {
+            best.template_hash.clone_from(&r.template_hash);
+        }
+        if best.returned_at.is_none() {
+            best.returned_at = r.returned_at;
+        }
     }
     best
 }
@@ -355,20 +521,123 @@ fn claim_refs(claims: &[&Claim]) -> Vec<ClaimRef> {
         .collect()
 }
 
+/// What the planner knows of one ordinal.
+struct Ordinal<'a> {
+    ordinal: i32,
+    in_range: bool,
+    /// All its claims, live or terminating.
+    claims: Vec<&'a Claim>,
+    /// Its claims that are not being deleted.
+    live: Vec<&'a Claim>,
+    record: DrainRecord,
+    previous: Option<&'a OrdinalState>,
+}
+
+impl Ordinal<'_> {
+    fn live_refs(&self) -> Vec<ClaimRef> {
+        claim_refs(&self.live)
+    }
+
+    /// The time the last report showed it done, if it did.
+    fn done_at(&self) -> Option<String> {
+        match self.previous {
+            Some(OrdinalState::Done { at }) => Some(at.clone()),
+            _ => None,
+        }
+    }
+}
+
 struct Planner<'a> {
     settings: &'a Settings,
     now: Timestamp,
     plan: Plan,
+    /// Slots taken by drains in flight (a drain pod exists, or a retry is pending).
+    busy: u32,
+    /// Ordinals ready for a new drain pod, highest first.
+    candidates: Vec<(i32, Vec<&'a Claim>, DrainRecord)>,
 }
 
-impl Planner<'_> {
+/// Plans one reconcile of a set: see the module documentation for the state machine.
+pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
+    let mut p = Planner {
+        settings,
+        now,
+        plan: Plan::default(),
+        busy: 0,
+        candidates: Vec::new(),
+    };
+    let start = snap.ordinals_start;
+    let end = start.saturating_add(snap.replicas.max(0));
+
+    let ordinals: BTreeSet<i32> = snap
+        .claims
+        .iter()
+        .map(|c| c.ordinal)
+        .chain(
+            snap.pods
+                .iter()
+                .filter(|p| !matches!(p.kind, PodKind::Other))
+                .map(|p| p.ordinal),
+        )
+        .chain(
+            snap.previous
+                .iter()
+                .filter(|(_, s)| matches!(s, OrdinalState::Done { .. }))
+                .map(|(o, _)| *o),
+        )
+        .collect();
+
+    for &o in ordinals.iter().rev() {
+        let claims: Vec<&Claim> = snap.claims.iter().filter(|c| c.ordinal == o).collect();
+        let live: Vec<&Claim> = claims.iter().copied().filter(|c| !c.terminating).collect();
+        let ord = Ordinal {
+            ordinal: o,
+            in_range: o >= start && o < end,
+            record: merged_record(&live),
+            claims,
+            live,
+            previous: snap.previous.get(&o),
+        };
+        let state = match snap.pods.iter().find(|p| p.ordinal == o) {
+            None => p.no_pod(&ord),
+            Some(pod) => match &pod.kind {
+                PodKind::Other => p.stateful_pod(&ord, pod),
+                PodKind::Foreign => p.foreign_pod(&ord, pod),
+                PodKind::Drain(drain) => {
+                    // A drain pod holds a slot until it is gone, whatever its phase.
+                    p.busy += 1;
+                    p.drain_pod(&ord, pod, drain)
+                }
+            },
+        };
+        if let Some(state) = state {
+            p.plan.status.insert(o, state);
+        }
+    }
+    p.assign_slots();
+    p.plan
+}
+
+impl<'a> Planner<'a> {
     fn requeue_at(&mut self, t: Timestamp) {
         let d = until(self.now, t).max(Duration::from_millis(100));
         self.plan.requeue_after = Some(self.plan.requeue_after.map_or(d, |r| r.min(d)));
     }
 
+    fn act(&mut self, action: Action) {
+        self.plan.actions.push(action);
+    }
+
     fn deadline_of(&self, record: &DrainRecord) -> Option<Timestamp> {
         Some(add(record.first_attempt_at?, self.settings.deadline?))
+    }
+
+    /// Whether the record belongs to a series run with another template than today's.
+    fn stale_series(&self, record: &DrainRecord) -> bool {
+        match (&self.settings.new_drains, &record.template_hash) {
+            (NewDrains::Allowed { template_hash }, Some(h)) => h != template_hash,
+            _ => false,
+        }
     }
 
     /// Why retrying has stopped for this record, if it has.
@@ -383,16 +652,41 @@ impl Planner<'_> {
         (next >= deadline).then(|| format!("deadline passed at {deadline}"))
     }
 
+    /// The state of an ordinal whose last failure is already counted.
+    fn counted_state(&mut self, record: &DrainRecord, fallback: &str) -> OrdinalState {
+        let last_failure = record
+            .last_failure
+            .clone()
+            .unwrap_or_else(|| fallback.to_owned());
+        match self.gave_up(record) {
+            Some(reason) => OrdinalState::Failed {
+                attempts: record.attempts,
+                last_failure,
+                reason,
+            },
+            None => {
+                let at = record.retry_after.unwrap_or(self.now);
+                if at > self.now {
+                    self.requeue_at(at);
+                }
+                OrdinalState::Retrying {
+                    attempts: record.attempts,
+                    retry_after: at.to_string(),
+                    last_failure,
+                }
+            }
+        }
+    }
+
     /// Counts a failure of `pod_uid` and says what state follows.
     fn record_failure(
         &mut self,
-        ordinal: i32,
-        live: &[&Claim],
-        record: &DrainRecord,
+        ord: &Ordinal<'_>,
         pod_uid: &str,
+        kind: FailureKind,
         reason: String,
-        only_if_pod_gone: bool,
     ) -> OrdinalState {
+        let record = &ord.record;
         let attempts = record.attempts + 1;
         let retry_after = add(
             self.now,
@@ -405,16 +699,17 @@ impl Planner<'_> {
             ..DrainRecord::default()
         };
         let gave_up = self.gave_up(&next);
-        if !live.is_empty() {
-            self.plan.actions.push(Action::RecordFailure {
-                ordinal,
-                claims: claim_refs(live),
+        if !ord.live.is_empty() {
+            self.act(Action::RecordFailure {
+                ordinal: ord.ordinal,
+                claims: ord.live_refs(),
                 pod_uid: pod_uid.to_owned(),
+                kind,
                 attempts,
                 retry_after,
                 reason: reason.clone(),
                 gave_up: gave_up.is_some(),
-                only_if_pod_gone,
+                only_if_pod_gone: kind == FailureKind::Vanished,
             });
         }
         match gave_up {
@@ -433,143 +728,390 @@ impl Planner<'_> {
             }
         }
     }
-}
 
-/// Plans one reconcile of a set: see the module documentation for the state machine.
-pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
-    let mut p = Planner {
-        settings,
-        now,
-        plan: Plan::default(),
-    };
-    let start = snap.ordinals_start;
-    let end = start.saturating_add(snap.replicas.max(0));
-    let in_range = |o: i32| o >= start && o < end;
-
-    let ordinals: BTreeSet<i32> = snap
-        .claims
-        .iter()
-        .map(|c| c.ordinal)
-        .chain(
-            snap.pods
-                .iter()
-                .filter(|p| matches!(p.kind, PodKind::Drain { .. }))
-                .map(|p| p.ordinal),
-        )
-        .chain(snap.previous_done.keys().copied())
-        .collect();
-
-    // Slots taken by drains in flight (a drain pod exists, or a retry is pending).
-    let mut busy: u32 = 0;
-    // Ordinals ready for a new drain pod, highest first.
-    let mut candidates: Vec<(i32, Vec<&Claim>, DrainRecord)> = Vec::new();
-
-    for &o in ordinals.iter().rev() {
-        let claims: Vec<&Claim> = snap.claims.iter().filter(|c| c.ordinal == o).collect();
-        let live: Vec<&Claim> = claims.iter().copied().filter(|c| !c.terminating).collect();
-        let record = merged_record(&live);
-        let pod = snap.pods.iter().find(|p| p.ordinal == o);
-        let here = in_range(o);
-
-        let state = match pod {
-            Some(pod) => match &pod.kind {
-                PodKind::Other => {
-                    if here {
-                        if !record.is_empty() {
-                            p.plan.actions.push(Action::ClearRecord {
-                                ordinal: o,
-                                claims: claim_refs(&live),
-                            });
-                        }
-                        None
-                    } else {
-                        Some(OrdinalState::Waiting {
-                            reason: format!("pod {} still exists", pod.name),
-                        })
-                    }
-                }
-                PodKind::Drain {
-                    phase,
-                    claims: drained,
-                    failure,
-                } => {
-                    // A drain pod holds a slot until it is gone, whatever its phase.
-                    busy += 1;
-                    let ordinal = OrdinalObs {
-                        ordinal: o,
-                        in_range: here,
-                        live: &live,
-                        record: &record,
-                        done_at: snap.previous_done.get(&o).copied(),
-                    };
-                    plan_drain_pod(&mut p, &ordinal, pod, *phase, drained, failure.as_ref())
-                }
-            },
-            None if here => {
-                if !record.is_empty() && !live.is_empty() {
-                    p.plan.actions.push(Action::ClearRecord {
-                        ordinal: o,
-                        claims: claim_refs(&live),
-                    });
-                }
-                None
-            }
-            None if live.is_empty() => {
-                // Every claim is gone or being deleted: a drain finished here.
-                let at = snap.previous_done.get(&o).copied().unwrap_or(now);
-                (!claims.is_empty() || snap.previous_done.contains_key(&o))
-                    .then(|| OrdinalState::Done { at: at.to_string() })
-            }
-            None => {
-                if let Some(uid) = record
-                    .pod_uid
-                    .clone()
-                    .filter(|u| Some(u) != record.counted_pod_uid.as_ref())
-                {
-                    // The drain pod of the current attempt vanished before it finished.
-                    let state = p.record_failure(
-                        o,
-                        &live,
-                        &record,
-                        &uid,
-                        "drain pod was deleted before it finished".to_owned(),
-                        true,
-                    );
-                    if !matches!(state, OrdinalState::Failed { .. }) {
-                        busy += 1;
-                    }
-                    Some(state)
-                } else if let Some(why) = p.gave_up(&record) {
-                    Some(OrdinalState::Failed {
-                        attempts: record.attempts,
-                        last_failure: record.last_failure.clone().unwrap_or_default(),
-                        reason: why,
-                    })
-                } else if let Some(t) = record.retry_after.filter(|t| *t > now) {
-                    busy += 1;
-                    p.requeue_at(t);
-                    Some(OrdinalState::Retrying {
-                        attempts: record.attempts,
-                        retry_after: t.to_string(),
-                        last_failure: record.last_failure.clone().unwrap_or_default(),
-                    })
-                } else {
-                    candidates.push((o, live.clone(), record.clone()));
-                    None
-                }
-            }
-        };
-        if let Some(state) = state {
-            p.plan.status.insert(o, state);
+    fn clear_record(&mut self, ord: &Ordinal<'_>) {
+        if !ord.live.is_empty() && !ord.record.is_empty() {
+            self.act(Action::ClearRecord {
+                ordinal: ord.ordinal,
+                claims: ord.live_refs(),
+            });
         }
     }
 
-    let limit = settings.max_concurrent.unwrap_or(u32::MAX);
-    for (o, live, record) in candidates {
-        if busy < limit {
-            busy += 1;
+    /// Nothing holds the ordinal's name.
+    fn no_pod(&mut self, ord: &Ordinal<'a>) -> Option<OrdinalState> {
+        if ord.in_range {
+            self.clear_record(ord);
+            return None;
+        }
+        if ord.live.is_empty() {
+            // Every claim is gone or being deleted: a drain finished here.
+            let at = ord.done_at().unwrap_or_else(|| self.now.to_string());
+            return (!ord.claims.is_empty() || ord.previous.is_some())
+                .then_some(OrdinalState::Done { at });
+        }
+        let record = &ord.record;
+        let stale = self.stale_series(record);
+        if !stale
+            && let Some(uid) = record
+                .pod_uid
+                .clone()
+                .filter(|u| Some(u) != record.counted_pod_uid.as_ref())
+        {
+            // The drain pod of the current attempt vanished before it finished.
+            let state = self.record_failure(
+                ord,
+                &uid,
+                FailureKind::Vanished,
+                "drain pod was deleted before it finished".to_owned(),
+            );
+            if !matches!(state, OrdinalState::Failed { .. }) {
+                self.busy += 1;
+            }
+            return Some(state);
+        }
+        if !stale {
+            if let Some(why) = self.gave_up(record) {
+                return Some(OrdinalState::Failed {
+                    attempts: record.attempts,
+                    last_failure: record.last_failure.clone().unwrap_or_default(),
+                    reason: why,
+                });
+            }
+            if let Some(t) = record.retry_after.filter(|t| *t > self.now) {
+                self.busy += 1;
+                self.requeue_at(t);
+                return Some(OrdinalState::Retrying {
+                    attempts: record.attempts,
+                    retry_after: t.to_string(),
+                    last_failure: record.last_failure.clone().unwrap_or_default(),
+                });
+            }
+        }
+        let record = if stale {
+            DrainRecord::default()
+        } else {
+            record.clone()
+        };
+        self.candidates
+            .push((ord.ordinal, ord.live.clone(), record));
+        None
+    }
+
+    /// The StatefulSet's own pod (or another pod that is not ours) holds the name.
+    fn stateful_pod(&mut self, ord: &Ordinal<'_>, pod: &PodObs) -> Option<OrdinalState> {
+        if ord.in_range {
+            self.clear_record(ord);
+            return None;
+        }
+        Some(OrdinalState::Waiting {
+            reason: format!("pod {} still exists", pod.name),
+        })
+    }
+
+    /// A drain pod of an earlier set of the same name holds the name: report, never touch.
+    fn foreign_pod(&mut self, ord: &Ordinal<'_>, pod: &PodObs) -> Option<OrdinalState> {
+        if ord.in_range && ord.live.is_empty() {
+            return None;
+        }
+        let reason = format!(
+            "pod {} is labelled as a drain pod of this set's name but is not owned by this set \
+             (left by an earlier set of the same name?); it is left alone: delete it to {}",
+            pod.name,
+            if ord.in_range {
+                "let the set start its pod"
+            } else {
+                "let the drain run"
+            }
+        );
+        let state = OrdinalState::Blocked { reason };
+        if ord.previous != Some(&state) {
+            let OrdinalState::Blocked { reason } = &state else {
+                unreachable!()
+            };
+            self.act(Action::Warn {
+                ordinal: ord.ordinal,
+                reason: "DrainBlocked",
+                message: reason.clone(),
+            });
+        }
+        Some(state)
+    }
+
+    /// One of our drain pods holds the name.
+    fn drain_pod(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        if drain.proven_success() {
+            return self.succeeded(ord, pod, drain);
+        }
+        let counted = ord.record.counted_pod_uid.as_deref() == Some(pod.uid.as_str());
+        if drain.phase == DrainPhase::Succeeded {
+            // Exited 0 after someone asked it to stop: not proof that the drain finished.
+            if ord.in_range {
+                self.clear_record(ord);
+                return None;
+            }
+            if ord.live.is_empty() {
+                return Some(match ord.done_at() {
+                    Some(at) => OrdinalState::Done { at },
+                    None => OrdinalState::Waiting {
+                        reason: format!("drain pod {} is terminating", pod.name),
+                    },
+                });
+            }
+            if counted {
+                return Some(self.counted_state(&ord.record, "interrupted"));
+            }
+            let asked = drain
+                .delete_requested_at
+                .map(|t| t.to_string())
+                .unwrap_or_default();
+            return Some(self.record_failure(
+                ord,
+                &pod.uid,
+                FailureKind::Interrupted,
+                format!(
+                    "drain pod was asked to stop at {asked} and exited 0 without proof it had \
+                     finished; the claims are kept and the drain runs again"
+                ),
+            ));
+        }
+        if pod.terminating {
+            if ord.in_range {
+                return None;
+            }
+            if counted {
+                return Some(self.counted_state(&ord.record, "drain pod stopped"));
+            }
+            return Some(OrdinalState::Waiting {
+                reason: format!("drain pod {} is terminating", pod.name),
+            });
+        }
+        let delete = |why, rv: bool| Action::DeleteDrainPod {
+            ordinal: ord.ordinal,
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            resource_version: rv.then(|| drain.resource_version.clone()),
+            why,
+        };
+        if drain.phase == DrainPhase::Failed {
+            if ord.in_range {
+                self.act(delete(DeleteWhy::Failed, false));
+                self.clear_record(ord);
+                return None;
+            }
+            let reason = drain
+                .failure
+                .clone()
+                .unwrap_or_else(|| "drain pod failed".to_owned());
+            let state = if counted {
+                self.counted_state(&ord.record, &reason)
+            } else {
+                self.record_failure(ord, &pod.uid, FailureKind::Failed, reason)
+            };
+            self.act(delete(DeleteWhy::Failed, false));
+            return Some(state);
+        }
+        // Pending, Running or Unknown: the drain has not finished.
+        if ord.in_range {
+            return self.returned(ord, drain, delete);
+        }
+        if let Some(reason) = self.stuck(drain) {
+            let state = if counted {
+                self.counted_state(&ord.record, &reason)
+            } else {
+                self.record_failure(
+                    ord,
+                    &pod.uid,
+                    FailureKind::Stuck,
+                    format!("stuck: {reason}"),
+                )
+            };
+            self.act(delete(DeleteWhy::Stuck, true));
+            if let OrdinalState::Retrying { .. } = state {
+                return Some(OrdinalState::Stuck {
+                    attempt: ord.record.attempts + 1,
+                    reason,
+                });
+            }
+            return Some(state);
+        }
+        if let NewDrains::Allowed { template_hash } = &self.settings.new_drains
+            && !drain.started
+            && drain
+                .template_hash
+                .as_ref()
+                .is_some_and(|h| h != template_hash)
+        {
+            self.act(delete(DeleteWhy::TemplateChanged, true));
+            return Some(OrdinalState::Waiting {
+                reason: format!("drain template changed: replacing drain pod {}", pod.name),
+            });
+        }
+        if let Some(deadline) = self.deadline_of(&ord.record) {
+            if deadline <= self.now {
+                let state = if counted {
+                    self.counted_state(&ord.record, "deadline exceeded")
+                } else {
+                    self.record_failure(
+                        ord,
+                        &pod.uid,
+                        FailureKind::DeadlineExceeded,
+                        "deadline exceeded".to_owned(),
+                    )
+                };
+                self.act(delete(DeleteWhy::DeadlineExceeded, true));
+                return Some(state);
+            }
+            self.requeue_at(deadline);
+        }
+        if !ord.live.is_empty() && ord.record.pod_uid.as_deref() != Some(pod.uid.as_str()) {
+            self.act(Action::RecordDrainPod {
+                ordinal: ord.ordinal,
+                claims: ord.live_refs(),
+                pod_uid: pod.uid.clone(),
+            });
+        }
+        Some(OrdinalState::Draining {
+            attempt: ord.record.attempts + 1,
+        })
+    }
+
+    /// The drain pod succeeded before anyone asked it to stop: its claims go, then the pod.
+    fn succeeded(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        // Only exactly the claims this pod drained; a claim recreated since is not touched.
+        let done: Vec<ClaimRef> = ord
+            .live
+            .iter()
+            .filter(|c| drain.claims.get(&c.name) == Some(&c.uid))
+            .map(|c| ClaimRef {
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            })
+            .collect();
+        if !done.is_empty() {
+            self.act(Action::DeleteClaims {
+                ordinal: ord.ordinal,
+                claims: done,
+            });
+        }
+        if !pod.terminating {
+            self.act(Action::DeleteDrainPod {
+                ordinal: ord.ordinal,
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+                resource_version: None,
+                why: DeleteWhy::Succeeded,
+            });
+        }
+        (!ord.in_range).then(|| OrdinalState::Done {
+            at: ord.done_at().unwrap_or_else(|| self.now.to_string()),
+        })
+    }
+
+    /// A scale-up brought back an ordinal whose drain has not finished.
+    fn returned(
+        &mut self,
+        ord: &Ordinal<'_>,
+        drain: &DrainPod,
+        delete: impl Fn(DeleteWhy, bool) -> Action,
+    ) -> Option<OrdinalState> {
+        let finish = self.settings.on_scale_up == OnScaleUp::Finish
+            && matches!(self.settings.new_drains, NewDrains::Allowed { .. })
+            && !ord.live.is_empty()
+            && drain.started;
+        if !finish {
+            self.act(delete(DeleteWhy::Cancelled, true));
+            self.clear_record(ord);
+            return None;
+        }
+        let wait_until = match ord.record.returned_at {
+            None => {
+                self.act(Action::RecordReturn {
+                    ordinal: ord.ordinal,
+                    claims: ord.live_refs(),
+                    at: self.now,
+                });
+                add(self.now, self.settings.scale_up_wait)
+            }
+            Some(at) => add(at, self.settings.scale_up_wait),
+        };
+        if wait_until <= self.now {
+            self.act(delete(DeleteWhy::ScaleUpWaitExceeded, true));
+            self.clear_record(ord);
+            return None;
+        }
+        self.requeue_at(wait_until);
+        Some(OrdinalState::Draining {
+            attempt: ord.record.attempts + 1,
+        })
+    }
+
+    /// Why a drain pod that has not finished is stuck, if it is; requeues at the time it would
+    /// become stuck otherwise.
+    fn stuck(&mut self, drain: &DrainPod) -> Option<String> {
+        if drain.restarts >= self.settings.max_restarts {
+            let why = drain.failure.as_deref().unwrap_or("crash loop");
+            return Some(format!(
+                "containers restarted {} times ({why})",
+                drain.restarts
+            ));
+        }
+        let blocker = drain.blocker.as_ref().map(|b| {
+            format!("{}: {}", b.reason, b.message)
+                .trim_end_matches([':', ' '])
+                .to_owned()
+        });
+        if drain.blocker.as_ref().is_some_and(|b| b.definitive) {
+            return blocker;
+        }
+        if drain.started && blocker.is_none() {
+            return None;
+        }
+        let since = drain.created_at.unwrap_or(self.now);
+        let stuck_at = add(since, self.settings.stuck_after);
+        if stuck_at <= self.now {
+            let after = humantime::format_duration(self.settings.stuck_after);
+            return Some(blocker.unwrap_or_else(|| format!("not started after {after}")));
+        }
+        self.requeue_at(stuck_at);
+        None
+    }
+
+    /// Starts new drains in the free slots, highest ordinal first.
+    fn assign_slots(&mut self) {
+        let limit = self.settings.max_concurrent.unwrap_or(u32::MAX);
+        let candidates = std::mem::take(&mut self.candidates);
+        for (o, live, record) in candidates {
+            let template_hash = match &self.settings.new_drains {
+                NewDrains::Allowed { template_hash } => template_hash.clone(),
+                NewDrains::Stopped { why } => {
+                    let reason = format!("no new drain: {why}");
+                    self.plan.status.insert(o, OrdinalState::Waiting { reason });
+                    continue;
+                }
+            };
+            if self.busy >= limit {
+                let reason = format!("waiting for a drain slot ({limit} at a time)");
+                self.plan.status.insert(o, OrdinalState::Waiting { reason });
+                continue;
+            }
+            self.busy += 1;
             let attempt = record.attempts + 1;
-            p.plan.actions.push(Action::CreateDrainPod {
+            let new_series = record
+                .first_attempt_at
+                .is_none()
+                .then(|| (self.now, template_hash));
+            self.act(Action::CreateDrainPod {
                 ordinal: o,
                 claims: live
                     .iter()
@@ -584,159 +1126,18 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
                     })
                     .collect(),
                 attempt,
-                first_attempt_at: record.first_attempt_at.is_none().then_some(now),
+                new_series,
             });
-            p.plan.status.insert(o, OrdinalState::Draining { attempt });
-            if let Some(deadline) = p.deadline_of(&DrainRecord {
-                first_attempt_at: Some(record.first_attempt_at.unwrap_or(now)),
+            self.plan
+                .status
+                .insert(o, OrdinalState::Draining { attempt });
+            if let Some(deadline) = self.deadline_of(&DrainRecord {
+                first_attempt_at: Some(record.first_attempt_at.unwrap_or(self.now)),
                 ..record
             }) {
-                p.requeue_at(deadline);
+                self.requeue_at(deadline);
             }
-        } else {
-            p.plan.status.insert(
-                o,
-                OrdinalState::Waiting {
-                    reason: format!("waiting for a drain slot ({limit} at a time)"),
-                },
-            );
-        }
-    }
-    p.plan
-}
-
-/// What the planner knows of one ordinal while it looks at its drain pod.
-struct OrdinalObs<'a> {
-    ordinal: i32,
-    in_range: bool,
-    live: &'a [&'a Claim],
-    record: &'a DrainRecord,
-    /// When the last report showed it done.
-    done_at: Option<Timestamp>,
-}
-
-fn plan_drain_pod(
-    p: &mut Planner<'_>,
-    obs: &OrdinalObs<'_>,
-    pod: &PodObs,
-    phase: DrainPhase,
-    drained: &BTreeMap<String, String>,
-    failure: Option<&String>,
-) -> Option<OrdinalState> {
-    let (o, here, live, record) = (obs.ordinal, obs.in_range, obs.live, obs.record);
-    let delete = |why| Action::DeleteDrainPod {
-        ordinal: o,
-        name: pod.name.clone(),
-        uid: pod.uid.clone(),
-        why,
-    };
-    match phase {
-        DrainPhase::Succeeded => {
-            // Only exactly the claims this pod drained; a claim recreated since is not touched.
-            let done: Vec<ClaimRef> = live
-                .iter()
-                .filter(|c| drained.get(&c.name) == Some(&c.uid))
-                .map(|c| ClaimRef {
-                    name: c.name.clone(),
-                    uid: c.uid.clone(),
-                })
-                .collect();
-            if !done.is_empty() {
-                p.plan.actions.push(Action::DeleteClaims {
-                    ordinal: o,
-                    claims: done,
-                });
-            }
-            if !pod.terminating {
-                p.plan.actions.push(delete(DeleteWhy::Succeeded));
-            }
-            (!here).then(|| OrdinalState::Done {
-                at: obs.done_at.unwrap_or(p.now).to_string(),
-            })
-        }
-        _ if pod.terminating => (!here).then(|| OrdinalState::Waiting {
-            reason: format!("drain pod {} is terminating", pod.name),
-        }),
-        DrainPhase::Failed if here => {
-            p.plan.actions.push(delete(DeleteWhy::Failed));
-            if !live.is_empty() && !record.is_empty() {
-                p.plan.actions.push(Action::ClearRecord {
-                    ordinal: o,
-                    claims: claim_refs(live),
-                });
-            }
-            None
-        }
-        DrainPhase::Failed => {
-            let reason = failure
-                .cloned()
-                .unwrap_or_else(|| "drain pod failed".to_owned());
-            let state = if record.counted_pod_uid.as_deref() == Some(pod.uid.as_str()) {
-                // Counted already (a crash between counting and deleting).
-                match p.gave_up(record) {
-                    Some(why) => OrdinalState::Failed {
-                        attempts: record.attempts,
-                        last_failure: record.last_failure.clone().unwrap_or(reason),
-                        reason: why,
-                    },
-                    None => OrdinalState::Retrying {
-                        attempts: record.attempts,
-                        retry_after: record.retry_after.unwrap_or(p.now).to_string(),
-                        last_failure: record.last_failure.clone().unwrap_or(reason),
-                    },
-                }
-            } else {
-                p.record_failure(o, live, record, &pod.uid, reason, false)
-            };
-            p.plan.actions.push(delete(DeleteWhy::Failed));
-            Some(state)
-        }
-        DrainPhase::Pending | DrainPhase::Running | DrainPhase::Unknown => {
-            if here && p.settings.on_scale_up == OnScaleUp::Cancel {
-                p.plan.actions.push(delete(DeleteWhy::Cancelled));
-                if !live.is_empty() {
-                    p.plan.actions.push(Action::ClearRecord {
-                        ordinal: o,
-                        claims: claim_refs(live),
-                    });
-                }
-                return None;
-            }
-            if let Some(deadline) = p.deadline_of(record) {
-                if deadline <= p.now && record.counted_pod_uid.as_deref() == Some(pod.uid.as_str())
-                {
-                    // Counted already (a crash between counting and deleting).
-                    p.plan.actions.push(delete(DeleteWhy::DeadlineExceeded));
-                    return Some(OrdinalState::Failed {
-                        attempts: record.attempts,
-                        last_failure: record.last_failure.clone().unwrap_or_default(),
-                        reason: format!("deadline passed at {deadline}"),
-                    });
-                }
-                if deadline <= p.now {
-                    let state = p.record_failure(
-                        o,
-                        live,
-                        record,
-                        &pod.uid,
-                        "deadline exceeded".to_owned(),
-                        false,
-                    );
-                    p.plan.actions.push(delete(DeleteWhy::DeadlineExceeded));
-                    return Some(state);
-                }
-                p.requeue_at(deadline);
-            }
-            if !live.is_empty() && record.pod_uid.as_deref() != Some(pod.uid.as_str()) {
-                p.plan.actions.push(Action::RecordDrainPod {
-                    ordinal: o,
-                    claims: claim_refs(live),
-                    pod_uid: pod.uid.clone(),
-                });
-            }
-            Some(OrdinalState::Draining {
-                attempt: record.attempts + 1,
-            })
+            self.requeue_at(add(self.now, self.settings.stuck_after));
         }
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::OrdinalState;
@@ -15,28 +14,31 @@ pub struct StatusReport {
     /// State per ordinal (keys are the ordinals in decimal, for JSON).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ordinals: BTreeMap<String, OrdinalState>,
-    /// Why the set's drains are on hold (an invalid template or annotation).
+    /// Why the set's new drains are on hold (an invalid template or annotation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Actions that failed in the last reconcile, per ordinal (retried with backoff).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub errors: BTreeMap<String, String>,
 }
 
 impl StatusReport {
-    /// A report of the planner's ordinal states.
-    pub fn of(states: &BTreeMap<i32, OrdinalState>) -> Self {
+    /// A report of the planner's ordinal states, the set's problem and the failed actions.
+    pub fn of(
+        states: &BTreeMap<i32, OrdinalState>,
+        problem: Option<String>,
+        errors: &BTreeMap<i32, String>,
+    ) -> Self {
         Self {
             ordinals: states
                 .iter()
                 .map(|(o, s)| (o.to_string(), s.clone()))
                 .collect(),
-            problem: None,
-        }
-    }
-
-    /// A report of a problem that puts the set's drains on hold (keeping the ordinals known).
-    pub fn problem(previous: Option<Self>, problem: String) -> Self {
-        Self {
-            problem: Some(problem),
-            ..previous.unwrap_or_default()
+            problem,
+            errors: errors
+                .iter()
+                .map(|(o, e)| (o.to_string(), e.clone()))
+                .collect(),
         }
     }
 
@@ -50,14 +52,11 @@ impl StatusReport {
         serde_json::to_string(self).expect("a report serializes")
     }
 
-    /// The ordinals reported done, with when.
-    pub fn done(&self) -> BTreeMap<i32, Timestamp> {
+    /// The ordinals reported, with their states.
+    pub fn states(&self) -> BTreeMap<i32, OrdinalState> {
         self.ordinals
             .iter()
-            .filter_map(|(o, s)| match s {
-                OrdinalState::Done { at } => Some((o.parse().ok()?, at.parse().ok()?)),
-                _ => None,
-            })
+            .filter_map(|(o, s)| Some((o.parse().ok()?, s.clone())))
             .collect()
     }
 }
@@ -85,7 +84,7 @@ mod tests {
                 },
             ),
         ]);
-        let report = StatusReport::of(&states);
+        let report = StatusReport::of(&states, None, &BTreeMap::new());
         let text = report.render();
         assert_eq!(
             text,
@@ -93,10 +92,15 @@ mod tests {
         );
         let parsed = StatusReport::parse(&text).unwrap();
         assert_eq!(parsed, report);
-        assert_eq!(
-            parsed.done(),
-            BTreeMap::from([(2, "2026-01-01T00:00:00Z".parse().unwrap())])
+        assert_eq!(parsed.states(), states);
+        let with_errors = StatusReport::of(
+            &states,
+            Some("bad template".to_owned()),
+            &BTreeMap::from([(2, "failed to delete claim data-web-2: denied".to_owned())]),
         );
+        let text = with_errors.render();
+        assert!(text.ends_with(r#""problem":"bad template","errors":{"2":"failed to delete claim data-web-2: denied"}}"#), "{text}");
+        assert_eq!(StatusReport::parse(&text), Some(with_errors));
         assert!(StatusReport::parse("not json").is_none());
     }
 }

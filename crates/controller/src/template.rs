@@ -265,6 +265,19 @@ pub struct DrainTemplate {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
     spec: PodSpec,
+    template_hash: String,
+}
+
+/// A stable hash of the drain template's annotation text (FNV-1a, 64 bits, hex): what tells a
+/// changed template from the one a series of attempts started with. Stable across builds and
+/// versions, unlike `std`'s hasher.
+pub fn template_hash(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// What varies between the drain pods of one set.
@@ -322,6 +335,7 @@ pub fn validate(
         None => Err(TemplateError::MissingAnnotation),
         Some(text) => parse_template(text),
     };
+    let hash = template_hash(text.map(String::as_str).unwrap_or_default());
     let template = match parsed {
         Ok(template) => template,
         Err(error) => {
@@ -340,7 +354,7 @@ pub fn validate(
     let reserved_labels = [labels::DRAIN_POD, labels::ORDINAL]
         .into_iter()
         .filter(|key| template_labels.contains_key(*key));
-    let reserved_annotations = [pod_annotations::CLAIMS]
+    let reserved_annotations = [pod_annotations::CLAIMS, pod_annotations::TEMPLATE_HASH]
         .into_iter()
         .filter(|key| template_annotations.contains_key(*key));
     errors.extend(reserved_labels.chain(reserved_annotations).map(|key| {
@@ -401,6 +415,7 @@ pub fn validate(
         labels: template_labels,
         annotations: template_annotations,
         spec,
+        template_hash: hash,
     })
 }
 
@@ -531,6 +546,11 @@ impl DrainTemplate {
         &self.claim_templates
     }
 
+    /// Hash of the template's annotation text (see [`template_hash`]).
+    pub fn template_hash(&self) -> &str {
+        &self.template_hash
+    }
+
     /// The restart policy of drain pods (`OnFailure` or `Never`).
     pub fn restart_policy(&self) -> &str {
         self.spec
@@ -622,6 +642,10 @@ impl DrainTemplate {
         annotations.insert(
             pod_annotations::CLAIMS.to_owned(),
             Value::Object(claims).to_string(),
+        );
+        annotations.insert(
+            pod_annotations::TEMPLATE_HASH.to_owned(),
+            self.template_hash.clone(),
         );
 
         Pod {
@@ -1018,6 +1042,18 @@ mod tests {
     }
 
     #[test]
+    fn template_hash_is_stable_and_tells_texts_apart() {
+        // Pinned: a change of the hash function would start every drain series over.
+        assert_eq!(template_hash(""), "cbf29ce484222325");
+        assert_eq!(template_hash("a"), "af63dc4c8601ec8c");
+        assert_ne!(template_hash("{\"spec\":1}"), template_hash("{\"spec\":2}"));
+        let drain = validate(&valid().build(), &DrainConfig::default()).unwrap();
+        let text = valid().build().metadata.annotations.unwrap()[annotations::DRAINER_POD_TEMPLATE]
+            .clone();
+        assert_eq!(drain.template_hash(), template_hash(&text));
+    }
+
+    #[test]
     fn builds_the_exact_pod() {
         let template = json!({
             "metadata": {"labels": {"role": "drainer"}, "annotations": {"note": "x"}},
@@ -1091,6 +1127,7 @@ mod tests {
                 "annotations": {
                     "note": "x",
                     (pod_annotations::CLAIMS): json!({"data-web-2": "u1", "logs-web-2": "u2"}).to_string(),
+                    (pod_annotations::TEMPLATE_HASH): template_hash(&template.to_string()),
                 },
                 "ownerReferences": [
                     {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "u-web"}

@@ -12,8 +12,9 @@ pub mod annotations {
     /// `OrderedReady` sets, unlimited for `Parallel` ones.
     pub const MAX_CONCURRENT: &str = "statefulsets.kubernetes.io/drain-max-concurrent";
     /// What a scale-up does to a drain in flight for an ordinal that comes back in range:
-    /// `finish` (default: the drain completes and the returning pod gets a fresh claim) or
-    /// `cancel` (the drain pod is deleted and the returning pod gets its claims back).
+    /// `cancel` (default: the drain pod is stopped and the returning pod gets its claims back,
+    /// unless the drain already succeeded) or `finish` (the drain completes and the returning pod
+    /// gets a fresh claim; the returning pod waits at most the controller's `--scale-up-wait`).
     pub const ON_SCALE_UP: &str = "statefulsets.kubernetes.io/drain-on-scale-up";
     /// `false` stops the drain pod from inheriting placement and identity (tolerations, node
     /// selector, affinity, image pull secrets, service account, security context) from the
@@ -43,14 +44,22 @@ pub mod claim_annotations {
     pub const POD_UID: &str = "statefulsets.kubernetes.io/drain-pod-uid";
     /// UID of the drain pod whose failure was last counted, so a failure is counted once.
     pub const COUNTED_POD_UID: &str = "statefulsets.kubernetes.io/drain-counted-pod-uid";
+    /// Hash of the drain template the current series of attempts runs with: a changed template
+    /// starts a new series (attempts, backoff and deadline start over).
+    pub const TEMPLATE_HASH: &str = "statefulsets.kubernetes.io/drain-template-hash";
+    /// RFC 3339 time a scale-up brought the ordinal back while its drain ran under the `finish`
+    /// policy: the returning pod waits for the drain at most `--scale-up-wait` from then.
+    pub const RETURNED_AT: &str = "statefulsets.kubernetes.io/drain-returned-at";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [&str; 8] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
         LAST_FAILURE,
         POD_UID,
         COUNTED_POD_UID,
+        TEMPLATE_HASH,
+        RETURNED_AT,
     ];
 }
 
@@ -59,6 +68,9 @@ pub mod pod_annotations {
     /// JSON object `{claim name: claim UID}`: the exact claims this drain pod drains. Only claims
     /// with these UIDs are deleted when it succeeds.
     pub const CLAIMS: &str = "statefulsets.kubernetes.io/drain-claims";
+    /// Hash of the drain template the pod was built from (see
+    /// [`claim_annotations::TEMPLATE_HASH`](crate::claim_annotations::TEMPLATE_HASH)).
+    pub const TEMPLATE_HASH: &str = "statefulsets.kubernetes.io/drain-template-hash";
 }
 
 /// Labels the controller puts on each drain pod it creates.

@@ -5,12 +5,13 @@ use std::sync::Mutex;
 use super::*;
 use crate::config::DrainConfig;
 use crate::fixtures::{SetBuilder, drain_template_json};
+use crate::plan::FailureKind;
 use crate::template::validate;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Call {
     Create(String),
-    DeletePod(String, String),
+    DeletePod(String, String, Option<String>),
     DeleteClaim(String, String),
     Annotate(String, Vec<(String, Option<String>)>),
     Event(String),
@@ -25,6 +26,10 @@ struct Fake {
     back_in_range: bool,
     /// The live pod UID behind the drain pod's name.
     live_pod: Option<String>,
+    /// What a pod delete comes to.
+    delete_outcome: Option<Deleted>,
+    /// Fail calls on this claim only.
+    fail_claim: Option<&'static str>,
 }
 
 fn err() -> kube::Error {
@@ -43,8 +48,12 @@ impl Fake {
         }
     }
     fn push(&self, call: Call, kind: &str) -> Result<(), kube::Error> {
+        let on_failing_claim = match (&call, self.fail_claim) {
+            (Call::DeleteClaim(n, _) | Call::Annotate(n, _), Some(bad)) => n == bad,
+            _ => false,
+        };
         self.calls.lock().unwrap().push(call);
-        if self.fail_on == Some(kind) {
+        if self.fail_on == Some(kind) || on_failing_claim {
             Err(err())
         } else {
             Ok(())
@@ -64,11 +73,21 @@ impl Cluster for Fake {
             Created::Uid("new-uid".to_owned())
         })
     }
-    async fn delete_pod(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
+    async fn delete_pod(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+    ) -> Result<Deleted, kube::Error> {
         self.push(
-            Call::DeletePod(name.to_owned(), uid.to_owned()),
+            Call::DeletePod(
+                name.to_owned(),
+                uid.to_owned(),
+                resource_version.map(str::to_owned),
+            ),
             "delete_pod",
-        )
+        )?;
+        Ok(self.delete_outcome.unwrap_or(Deleted::Deleted))
     }
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
         self.push(
@@ -94,11 +113,11 @@ impl Cluster for Fake {
     async fn pod_uid(&self, _name: &str) -> Result<Option<String>, kube::Error> {
         Ok(self.live_pod.clone())
     }
-    async fn event(&self, _: &Subject, _: Severity, reason: &str, _: String) {
+    async fn event(&self, event: &EventSpec) {
         self.calls
             .lock()
             .unwrap()
-            .push(Call::Event(reason.to_owned()));
+            .push(Call::Event(event.reason.to_owned()));
     }
 }
 
@@ -127,26 +146,86 @@ fn create(attempt: u32, first: bool) -> Action {
         ordinal: 2,
         claims: BTreeMap::from([("data".to_owned(), claim(2))]),
         attempt,
-        first_attempt_at: first.then(now),
+        new_series: first.then(|| (now(), "h1".to_owned())),
     }
 }
 
+fn delete_pod(ordinal: i32, why: DeleteWhy, rv: Option<&str>) -> Action {
+    Action::DeleteDrainPod {
+        ordinal,
+        name: format!("web-{ordinal}"),
+        uid: "p".to_owned(),
+        resource_version: rv.map(str::to_owned),
+        why,
+    }
+}
+
+fn failure(ordinal: i32, kind: FailureKind, gave_up: bool, only_if_pod_gone: bool) -> Action {
+    Action::RecordFailure {
+        ordinal,
+        claims: vec![claim(ordinal)],
+        pod_uid: "p".to_owned(),
+        kind,
+        attempts: 1,
+        retry_after: now(),
+        reason: "x".to_owned(),
+        gave_up,
+        only_if_pod_gone,
+    }
+}
+
+async fn run<C: Cluster>(fake: &C, actions: &[Action]) -> Vec<(i32, ActError)> {
+    let template = template();
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: Some(&template),
+        now: now(),
+    };
+    apply(fake, &ctx, actions).await
+}
+
+fn ok(failed: Vec<(i32, ActError)>) {
+    assert!(
+        failed.is_empty(),
+        "{:?}",
+        failed
+            .iter()
+            .map(|(o, e)| (o, e.describe()))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
-async fn create_records_the_first_attempt_then_creates_then_records_the_uid() {
+async fn create_starts_a_series_then_creates_then_records_the_uid() {
     let fake = Fake::default();
-    apply(&fake, &template(), 2, &[create(1, true)], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[create(1, true)]).await);
+    let calls = fake.calls();
+    let Call::Annotate(name, series) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    assert_eq!(name, "data-web-2");
+    let series: BTreeMap<_, _> = series.iter().cloned().collect();
     assert_eq!(
-        fake.calls(),
-        vec![
-            Call::Annotate(
-                "data-web-2".to_owned(),
-                vec![(
-                    claim_annotations::FIRST_ATTEMPT_AT.to_owned(),
-                    Some(now().to_string())
-                )]
-            ),
+        series[claim_annotations::FIRST_ATTEMPT_AT],
+        Some(now().to_string())
+    );
+    assert_eq!(
+        series[claim_annotations::TEMPLATE_HASH],
+        Some("h1".to_owned())
+    );
+    // The counts of an earlier series go.
+    for k in [
+        claim_annotations::ATTEMPTS,
+        claim_annotations::RETRY_AFTER,
+        claim_annotations::LAST_FAILURE,
+        claim_annotations::COUNTED_POD_UID,
+    ] {
+        assert_eq!(series[k], None, "{k}");
+    }
+    assert_eq!(
+        calls[1..],
+        [
             Call::Create("web-2".to_owned()),
             Call::Annotate(
                 "data-web-2".to_owned(),
@@ -164,9 +243,7 @@ async fn create_records_the_first_attempt_then_creates_then_records_the_uid() {
 #[tokio::test]
 async fn a_retry_is_reported_as_such() {
     let fake = Fake::default();
-    apply(&fake, &template(), 2, &[create(2, false)], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[create(2, false)]).await);
     let calls = fake.calls();
     assert_eq!(calls[0], Call::Create("web-2".to_owned()));
     assert!(calls.contains(&Call::Event("DrainRetrying".to_owned())));
@@ -178,9 +255,7 @@ async fn create_of_a_taken_name_is_an_outcome_not_an_error() {
         exists: true,
         ..Fake::default()
     };
-    apply(&fake, &template(), 2, &[create(1, false)], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[create(1, false)]).await);
     assert_eq!(fake.calls(), vec![Call::Create("web-2".to_owned())]);
 }
 
@@ -192,21 +267,16 @@ async fn success_deletes_claims_before_the_pod() {
             ordinal: 2,
             claims: vec![claim(2)],
         },
-        Action::DeleteDrainPod {
-            ordinal: 2,
-            name: "web-2".to_owned(),
-            uid: "p".to_owned(),
-            why: DeleteWhy::Succeeded,
-        },
+        delete_pod(2, DeleteWhy::Succeeded, None),
     ];
-    apply(&fake, &template(), 2, &actions, now()).await.unwrap();
+    ok(run(&fake, &actions).await);
     assert_eq!(
         fake.calls(),
         vec![
-            Call::Event("DrainSucceeded".to_owned()),
             Call::DeleteClaim("data-web-2".to_owned(), "c2".to_owned()),
+            Call::Event("DrainSucceeded".to_owned()),
             Call::Event("ClaimsDeleted".to_owned()),
-            Call::DeletePod("web-2".to_owned(), "p".to_owned()),
+            Call::DeletePod("web-2".to_owned(), "p".to_owned(), None),
         ]
     );
 }
@@ -219,51 +289,64 @@ async fn a_failed_claim_delete_stops_before_the_pod_delete() {
             ordinal: 2,
             claims: vec![claim(2)],
         },
-        Action::DeleteDrainPod {
-            ordinal: 2,
-            name: "web-2".to_owned(),
-            uid: "p".to_owned(),
-            why: DeleteWhy::Succeeded,
-        },
+        delete_pod(2, DeleteWhy::Succeeded, None),
     ];
-    let e = apply(&fake, &template(), 2, &actions, now())
-        .await
-        .unwrap_err();
+    let failed = run(&fake, &actions).await;
+    assert_eq!(failed.len(), 1);
+    let (ordinal, e) = &failed[0];
+    assert_eq!(*ordinal, 2);
     assert_eq!(e.reason(), "DeleteClaimFailed");
     assert_eq!(e.to_string(), "failed to delete claim data-web-2");
+    assert!(
+        e.describe()
+            .starts_with("failed to delete claim data-web-2: "),
+        "{}",
+        e.describe()
+    );
     assert!(
         !fake
             .calls()
             .iter()
             .any(|c| matches!(c, Call::DeletePod(..)))
     );
+}
+
+#[tokio::test]
+async fn one_ordinal_failing_does_not_stop_the_others() {
+    // The delete of data-web-2 is denied; ordinal 1 still gets its claim and pod deleted.
+    let fake = Fake {
+        fail_claim: Some("data-web-2"),
+        ..Fake::default()
+    };
+    let actions = [
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+        delete_pod(2, DeleteWhy::Succeeded, None),
+        Action::DeleteClaims {
+            ordinal: 1,
+            claims: vec![claim(1)],
+        },
+        delete_pod(1, DeleteWhy::Succeeded, None),
+    ];
+    let failed = run(&fake, &actions).await;
+    assert_eq!(failed.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![2]);
+    let calls = fake.calls();
+    assert!(calls.contains(&Call::DeleteClaim("data-web-1".to_owned(), "c1".to_owned())));
+    assert!(calls.contains(&Call::DeletePod("web-1".to_owned(), "p".to_owned(), None)));
+    assert!(!calls.contains(&Call::DeletePod("web-2".to_owned(), "p".to_owned(), None)));
 }
 
 #[tokio::test]
 async fn a_failed_failure_record_stops_before_the_pod_delete() {
     let fake = Fake::failing("annotate");
     let actions = [
-        Action::RecordFailure {
-            ordinal: 2,
-            claims: vec![claim(2)],
-            pod_uid: "p".to_owned(),
-            attempts: 1,
-            retry_after: now(),
-            reason: "x".to_owned(),
-            gave_up: false,
-            only_if_pod_gone: false,
-        },
-        Action::DeleteDrainPod {
-            ordinal: 2,
-            name: "web-2".to_owned(),
-            uid: "p".to_owned(),
-            why: DeleteWhy::Failed,
-        },
+        failure(2, FailureKind::Failed, false, false),
+        delete_pod(2, DeleteWhy::Failed, None),
     ];
-    let e = apply(&fake, &template(), 2, &actions, now())
-        .await
-        .unwrap_err();
-    assert_eq!(e.reason(), "AnnotateClaimFailed");
+    let failed = run(&fake, &actions).await;
+    assert_eq!(failed[0].1.reason(), "AnnotateClaimFailed");
     assert!(
         !fake
             .calls()
@@ -273,41 +356,100 @@ async fn a_failed_failure_record_stops_before_the_pod_delete() {
 }
 
 #[tokio::test]
+async fn a_pod_that_changed_since_it_was_seen_is_not_cancelled_and_its_record_is_kept() {
+    let fake = Fake {
+        delete_outcome: Some(Deleted::Changed),
+        ..Fake::default()
+    };
+    let actions = [
+        delete_pod(2, DeleteWhy::Cancelled, Some("rv-7")),
+        Action::ClearRecord {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+    ];
+    ok(run(&fake, &actions).await);
+    assert_eq!(
+        fake.calls(),
+        vec![Call::DeletePod(
+            "web-2".to_owned(),
+            "p".to_owned(),
+            Some("rv-7".to_owned())
+        )],
+        "no DrainCancelled event, no record cleared"
+    );
+}
+
+#[tokio::test]
 async fn giving_up_is_a_warning_on_the_set() {
     let fake = Fake::default();
-    let action = Action::RecordFailure {
-        ordinal: 2,
-        claims: vec![claim(2)],
-        pod_uid: "p".to_owned(),
-        attempts: 3,
-        retry_after: now(),
-        reason: "container drain exited with code 1".to_owned(),
-        gave_up: true,
-        only_if_pod_gone: false,
-    };
-    apply(&fake, &template(), 2, &[action], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[failure(2, FailureKind::Failed, true, false)]).await);
     let calls = fake.calls();
     assert!(matches!(&calls[0], Call::Annotate(n, pairs) if n == "data-web-2" && pairs.len() == 4));
     assert!(calls.contains(&Call::Event("DrainGaveUp".to_owned())));
 }
 
+#[rstest::rstest]
+#[case::failed(FailureKind::Failed, "DrainFailed")]
+#[case::vanished(FailureKind::Vanished, "DrainFailed")]
+#[case::interrupted(FailureKind::Interrupted, "DrainInterrupted")]
+#[case::stuck(FailureKind::Stuck, "DrainStuck")]
+#[case::deadline(FailureKind::DeadlineExceeded, "DrainDeadlineExceeded")]
+fn each_kind_of_failure_has_its_event(#[case] kind: FailureKind, #[case] reason: &str) {
+    let template = template();
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: Some(&template),
+        now: now(),
+    };
+    let events = events(&ctx, &failure(2, kind, false, false), &Outcome::Done);
+    assert_eq!(events.len(), 2);
+    assert!(
+        events
+            .iter()
+            .all(|e| e.reason == reason && e.severity == Severity::Warning)
+    );
+    assert!(matches!(events[0].subject, Subject::Pod { .. }));
+    assert_eq!(events[1].subject, Subject::Set);
+}
+
+#[rstest::rstest]
+#[case::cancelled(DeleteWhy::Cancelled, Some("DrainCancelled"))]
+#[case::scale_up_wait(DeleteWhy::ScaleUpWaitExceeded, Some("ScaleUpWaitExceeded"))]
+#[case::template(DeleteWhy::TemplateChanged, Some("DrainTemplateChanged"))]
+#[case::succeeded(DeleteWhy::Succeeded, None)]
+#[case::stuck(DeleteWhy::Stuck, None)]
+fn pod_deletes_report_what_the_user_must_know(
+    #[case] why: DeleteWhy,
+    #[case] reason: Option<&str>,
+) {
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: None,
+        now: now(),
+    };
+    let action = delete_pod(2, why, None);
+    let got: Vec<&str> = events(&ctx, &action, &Outcome::Done)
+        .iter()
+        .map(|e| e.reason)
+        .collect();
+    assert_eq!(got, reason.into_iter().collect::<Vec<_>>());
+    assert!(events(&ctx, &action, &Outcome::Changed).is_empty());
+}
+
 #[tokio::test]
 async fn clearing_removes_every_drain_annotation() {
     let fake = Fake::default();
-    apply(
+    ok(run(
         &fake,
-        &template(),
-        2,
         &[Action::ClearRecord {
             ordinal: 2,
             claims: vec![claim(2)],
         }],
-        now(),
     )
-    .await
-    .unwrap();
+    .await);
     let Call::Annotate(_, pairs) = &fake.calls()[0] else {
         panic!()
     };
@@ -321,23 +463,22 @@ async fn no_drain_pod_when_the_live_set_has_the_ordinal_back() {
         back_in_range: true,
         ..Fake::default()
     };
-    apply(&fake, &template(), 2, &[create(1, true)], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[create(1, true)]).await);
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
 }
 
-fn vanished() -> Action {
-    Action::RecordFailure {
-        ordinal: 2,
-        claims: vec![claim(2)],
-        pod_uid: "p".to_owned(),
-        attempts: 1,
-        retry_after: now(),
-        reason: "drain pod was deleted before it finished".to_owned(),
-        gave_up: false,
-        only_if_pod_gone: true,
-    }
+#[tokio::test]
+async fn creating_without_a_template_is_an_error_not_a_panic() {
+    let fake = Fake::default();
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: None,
+        now: now(),
+    };
+    let failed = apply(&fake, &ctx, &[create(1, true)]).await;
+    assert_eq!(failed[0].1.reason(), "CreateDrainPodFailed");
+    assert!(fake.calls().is_empty());
 }
 
 #[tokio::test]
@@ -346,9 +487,7 @@ async fn a_vanished_pod_that_the_api_server_still_has_is_not_a_failure() {
         live_pod: Some("p".to_owned()),
         ..Fake::default()
     };
-    apply(&fake, &template(), 2, &[vanished()], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[failure(2, FailureKind::Vanished, false, true)]).await);
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
 }
 
@@ -358,8 +497,6 @@ async fn a_vanished_pod_confirmed_gone_is_counted() {
         live_pod: Some("another-uid".to_owned()),
         ..Fake::default()
     };
-    apply(&fake, &template(), 2, &[vanished()], now())
-        .await
-        .unwrap();
+    ok(run(&fake, &[failure(2, FailureKind::Vanished, false, true)]).await);
     assert!(matches!(&fake.calls()[0], Call::Annotate(..)));
 }

@@ -42,21 +42,47 @@ fn stateful_pod(ordinal: i32) -> PodObs {
     }
 }
 
+/// The hash of the current drain template in these tests.
+const HASH: &str = "h1";
+
 fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
+    let finished = matches!(phase, DrainPhase::Succeeded | DrainPhase::Failed);
     PodObs {
         ordinal,
         name: format!("{SET}-{ordinal}"),
         uid: format!("drain-pod-{ordinal}"),
         terminating: false,
-        kind: PodKind::Drain {
+        kind: PodKind::Drain(DrainPod {
             phase,
             claims: claims
                 .iter()
                 .map(|c| (c.name.clone(), c.uid.clone()))
                 .collect(),
             failure: (phase == DrainPhase::Failed).then(|| "exit code 1".to_owned()),
-        },
+            template_hash: Some(HASH.to_owned()),
+            resource_version: format!("rv-{ordinal}"),
+            created_at: Some(t(-100)),
+            delete_requested_at: None,
+            finished_at: finished.then(|| t(-1)),
+            started: phase != DrainPhase::Pending,
+            restarts: 0,
+            blocker: None,
+        }),
     }
+}
+
+fn drain_of(pod: &mut PodObs) -> &mut DrainPod {
+    match &mut pod.kind {
+        PodKind::Drain(d) => d,
+        _ => panic!("not a drain pod"),
+    }
+}
+
+/// The pod, with a deletion requested at `asked`.
+fn asked_to_stop(mut pod: PodObs, asked: Timestamp) -> PodObs {
+    pod.terminating = true;
+    drain_of(&mut pod).delete_requested_at = Some(asked);
+    pod
 }
 
 fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
@@ -66,7 +92,7 @@ fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
         ordinals_start: 0,
         claims,
         pods,
-        previous_done: BTreeMap::new(),
+        previous: BTreeMap::new(),
     }
 }
 
@@ -96,7 +122,7 @@ fn create(ordinal: i32, claims: &[&Claim], attempt: u32, first: Option<Timestamp
             })
             .collect(),
         attempt,
-        first_attempt_at: first,
+        new_series: first.map(|at| (at, HASH.to_owned())),
     }
 }
 
@@ -105,12 +131,27 @@ fn delete_pod(ordinal: i32, why: DeleteWhy) -> Action {
         ordinal,
         name: format!("{SET}-{ordinal}"),
         uid: format!("drain-pod-{ordinal}"),
+        resource_version: None,
+        why,
+    }
+}
+
+/// The delete of a drain pod believed unfinished: preconditioned on its resourceVersion.
+fn stop_pod(ordinal: i32, why: DeleteWhy) -> Action {
+    Action::DeleteDrainPod {
+        ordinal,
+        name: format!("{SET}-{ordinal}"),
+        uid: format!("drain-pod-{ordinal}"),
+        resource_version: Some(format!("rv-{ordinal}")),
         why,
     }
 }
 
 fn settings() -> Settings {
     Settings {
+        new_drains: NewDrains::Allowed {
+            template_hash: HASH.to_owned(),
+        },
         max_concurrent: Some(1),
         retry_base: Duration::from_secs(10),
         retry_max: Duration::from_secs(300),
@@ -118,10 +159,18 @@ fn settings() -> Settings {
     }
 }
 
+fn finish() -> Settings {
+    Settings {
+        on_scale_up: OnScaleUp::Finish,
+        ..settings()
+    }
+}
+
 fn running_record(ordinal: i32) -> DrainRecord {
     DrainRecord {
         first_attempt_at: Some(t(-100)),
         pod_uid: Some(format!("drain-pod-{ordinal}")),
+        template_hash: Some(HASH.to_owned()),
         ..DrainRecord::default()
     }
 }
@@ -319,7 +368,12 @@ fn success_never_deletes_a_claim_recreated_since() {
 #[test]
 fn after_success_the_terminating_claims_show_done() {
     let mut s = snap(2, vec![terminating(claim("data", 2))], vec![]);
-    s.previous_done.insert(2, t(-3));
+    s.previous.insert(
+        2,
+        OrdinalState::Done {
+            at: t(-3).to_string(),
+        },
+    );
     let plan = plan(&s, &settings(), t(0));
     assert!(plan.actions.is_empty());
     assert_eq!(
@@ -333,7 +387,12 @@ fn after_success_the_terminating_claims_show_done() {
 #[test]
 fn done_is_remembered_until_the_ordinal_returns() {
     let mut s = snap(2, vec![], vec![]);
-    s.previous_done.insert(2, t(-3));
+    s.previous.insert(
+        2,
+        OrdinalState::Done {
+            at: t(-3).to_string(),
+        },
+    );
     assert_eq!(
         plan(&s, &settings(), t(0)).status[&2],
         OrdinalState::Done {
@@ -364,6 +423,7 @@ fn failure_is_counted_with_backoff_then_the_pod_deleted() {
                 ordinal: 2,
                 claims: refs(&[&c]),
                 pod_uid: "drain-pod-2".to_owned(),
+                kind: FailureKind::Failed,
                 attempts: 1,
                 retry_after: t(10),
                 reason: "exit code 1".to_owned(),
@@ -431,6 +491,7 @@ fn a_drain_pod_deleted_by_someone_counts_as_a_failure() {
             ordinal: 2,
             claims: refs(&[&c]),
             pod_uid: "drain-pod-2".to_owned(),
+            kind: FailureKind::Vanished,
             attempts: 1,
             retry_after: t(10),
             reason: "drain pod was deleted before it finished".to_owned(),
@@ -515,7 +576,7 @@ fn a_drain_past_its_deadline_is_stopped() {
         plan.actions[0],
         Action::RecordFailure { gave_up: true, .. }
     ));
-    assert_eq!(plan.actions[1], delete_pod(2, DeleteWhy::DeadlineExceeded));
+    assert_eq!(plan.actions[1], stop_pod(2, DeleteWhy::DeadlineExceeded));
 }
 
 #[test]
@@ -535,10 +596,18 @@ fn a_running_drain_requeues_at_its_deadline() {
 fn scale_up_finish_lets_the_drain_complete() {
     let c = with_record(claim("data", 2), running_record(2));
     let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
-    let plan = plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
-    assert!(plan.actions.is_empty());
+    let plan = plan(&snap(3, vec![c.clone()], pods), &finish(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordReturn {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            at: t(0)
+        }]
+    );
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(300)));
     let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&c])];
-    let plan = super::plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
+    let plan = super::plan(&snap(3, vec![c.clone()], pods), &finish(), t(0));
     assert_eq!(
         plan.actions,
         vec![
@@ -555,15 +624,11 @@ fn scale_up_finish_lets_the_drain_complete() {
 fn scale_up_cancel_deletes_the_drain_pod_and_keeps_the_claims() {
     let c = with_record(claim("data", 2), running_record(2));
     let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
-    let s = Settings {
-        on_scale_up: OnScaleUp::Cancel,
-        ..settings()
-    };
-    let plan = plan(&snap(3, vec![c.clone()], pods), &s, t(0));
+    let plan = plan(&snap(3, vec![c.clone()], pods), &settings(), t(0));
     assert_eq!(
         plan.actions,
         vec![
-            delete_pod(2, DeleteWhy::Cancelled),
+            stop_pod(2, DeleteWhy::Cancelled),
             Action::ClearRecord {
                 ordinal: 2,
                 claims: refs(&[&c])
@@ -644,15 +709,21 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
         prop::option::of(-50i64..50),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
+        prop::option::of(-400i64..50),
     )
-        .prop_map(|(attempts, first, retry, has_pod, counted)| DrainRecord {
-            attempts,
-            first_attempt_at: first.map(t),
-            retry_after: retry.map(t),
-            last_failure: (attempts > 0).then(|| "x".to_owned()),
-            pod_uid: has_pod.then(|| "uid-p".to_owned()),
-            counted_pod_uid: counted.then(|| "uid-p".to_owned()),
-        })
+        .prop_map(
+            |(attempts, first, retry, has_pod, counted, stale, returned)| DrainRecord {
+                attempts,
+                first_attempt_at: first.map(t),
+                retry_after: retry.map(t),
+                last_failure: (attempts > 0).then(|| "x".to_owned()),
+                pod_uid: has_pod.then(|| "uid-p".to_owned()),
+                counted_pod_uid: counted.then(|| "uid-p".to_owned()),
+                template_hash: Some(if stale { "h0" } else { HASH }.to_owned()),
+                returned_at: returned.map(t),
+            },
+        )
 }
 
 #[derive(Clone, Debug)]
@@ -663,22 +734,53 @@ enum PodChoice {
     },
     Drain {
         phase: DrainPhase,
-        terminating: bool,
+        /// Deletion requested at this time (seconds), if at all.
+        asked: Option<i64>,
+        /// Containers finished at this time (seconds), if they report it.
+        finished: Option<i64>,
         same_uids: bool,
+        started: bool,
+        restarts: u32,
+        blocker: Option<bool>,
+        stale_template: bool,
     },
+    Foreign,
+}
+
+fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
+    (
+        arb_phase(),
+        prop::option::of(-10i64..10),
+        prop::option::of(-10i64..10),
+        any::<bool>(),
+        any::<bool>(),
+        0u32..5,
+        prop::option::of(any::<bool>()),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(phase, asked, finished, same_uids, started, restarts, blocker, stale_template)| {
+                PodChoice::Drain {
+                    phase,
+                    asked,
+                    finished,
+                    same_uids,
+                    started,
+                    restarts,
+                    blocker,
+                    stale_template,
+                }
+            },
+        )
 }
 
 fn arb_pod_choice() -> impl Strategy<Value = PodChoice> {
     prop_oneof![
         Just(PodChoice::None),
         any::<bool>().prop_map(|terminating| PodChoice::Stateful { terminating }),
-        (arb_phase(), any::<bool>(), any::<bool>()).prop_map(|(phase, terminating, same_uids)| {
-            PodChoice::Drain {
-                phase,
-                terminating,
-                same_uids,
-            }
-        }),
+        arb_drain_choice(),
+        arb_drain_choice(),
+        Just(PodChoice::Foreign),
     ]
 }
 
@@ -723,8 +825,13 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                         }
                         PodChoice::Drain {
                             phase,
-                            terminating,
+                            asked,
+                            finished,
                             same_uids,
+                            started,
+                            restarts,
+                            blocker,
+                            stale_template,
                         } => {
                             let mut drained: Vec<Claim> = mine.clone();
                             if !same_uids {
@@ -734,7 +841,26 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             }
                             let refs: Vec<&Claim> = drained.iter().collect();
                             let mut p = drain_pod(o, phase, &refs);
-                            p.terminating = terminating;
+                            if let Some(a) = asked {
+                                p = asked_to_stop(p, t(a));
+                            }
+                            let d = drain_of(&mut p);
+                            d.finished_at = finished.map(t);
+                            d.started = started || phase != DrainPhase::Pending;
+                            d.restarts = restarts;
+                            d.blocker = blocker.map(|definitive| Blocker {
+                                reason: "ImagePullBackOff".to_owned(),
+                                message: String::new(),
+                                definitive,
+                            });
+                            if stale_template {
+                                d.template_hash = Some("h0".to_owned());
+                            }
+                            pods.push(p);
+                        }
+                        PodChoice::Foreign => {
+                            let mut p = stateful_pod(o);
+                            p.kind = PodKind::Foreign;
                             pods.push(p);
                         }
                     }
@@ -766,10 +892,14 @@ proptest! {
         for action in &plan.actions {
             if let Action::DeleteClaims { ordinal, claims } = action {
                 let pod = s.pods.iter().find(|p| p.ordinal == *ordinal).expect("a pod for the ordinal");
-                let PodKind::Drain { phase, claims: drained, .. } = &pod.kind else {
+                let PodKind::Drain(DrainPod { phase, claims: drained, delete_requested_at, finished_at, .. }) = &pod.kind else {
                     panic!("claims deleted without a drain pod: {action:?}");
                 };
                 prop_assert_eq!(*phase, DrainPhase::Succeeded);
+                // Never for a pod asked to stop before (or when) it finished.
+                if let Some(asked) = delete_requested_at {
+                    prop_assert!(finished_at.is_some_and(|f| f < *asked), "claims of an interrupted drain deleted");
+                }
                 for c in claims {
                     prop_assert_eq!(drained.get(&c.name), Some(&c.uid), "claim not drained by that pod");
                     prop_assert!(s.claims.iter().any(|x| x.name == c.name && x.uid == c.uid && x.ordinal == *ordinal));
@@ -799,7 +929,7 @@ proptest! {
         let plan = plan(&s, &settings, t(now));
         let creates = plan.actions.iter().filter(|a| matches!(a, Action::CreateDrainPod { .. })).count() as u32;
         if creates > 0 {
-            let existing = s.pods.iter().filter(|p| matches!(p.kind, PodKind::Drain { .. })).count() as u32;
+            let existing = s.pods.iter().filter(|p| matches!(p.kind, PodKind::Drain(_))).count() as u32;
             let limit = settings.max_concurrent.unwrap_or(u32::MAX);
             prop_assert!(existing + creates <= limit, "{} existing + {} new > {}", existing, creates, limit);
         }
@@ -811,7 +941,7 @@ proptest! {
         for action in &plan.actions {
             if let Action::DeleteDrainPod { uid, .. } = action {
                 let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
-                let is_drain = matches!(pod.kind, PodKind::Drain { .. });
+                let is_drain = matches!(pod.kind, PodKind::Drain(_));
                 prop_assert!(is_drain);
             }
         }
@@ -826,6 +956,27 @@ proptest! {
                 prop_assert!(pod_delete.is_none_or(|p| p > i));
             }
         }
+    }
+
+    #[test]
+    fn an_unfinished_drain_pod_is_only_stopped_with_a_resource_version((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::DeleteDrainPod { uid, resource_version, why, .. } = action {
+                let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
+                let PodKind::Drain(d) = &pod.kind else { panic!("not a drain pod") };
+                let finished = d.proven_success() || d.phase == DrainPhase::Failed;
+                prop_assert!(finished || resource_version.as_deref() == Some(d.resource_version.as_str()), "{:?} of an unfinished pod without a precondition", why);
+            }
+        }
+    }
+
+    #[test]
+    fn no_new_drain_when_drains_are_stopped((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let stopped = Settings { new_drains: NewDrains::Stopped { why: "opted out".to_owned() }, ..settings };
+        let plan = plan(&s, &stopped, t(now));
+        let creates = plan.actions.iter().filter(|a| matches!(a, Action::CreateDrainPod { .. })).count();
+        prop_assert_eq!(creates, 0);
     }
 
     #[test]
@@ -848,7 +999,12 @@ fn done_time_is_stable_across_reconciles_of_a_succeeded_pod() {
             at: t(0).to_string()
         }
     );
-    s.previous_done.insert(2, t(0));
+    s.previous.insert(
+        2,
+        OrdinalState::Done {
+            at: t(0).to_string(),
+        },
+    );
     // A later reconcile (stale cache) reports the same time: the status is not rewritten.
     assert_eq!(
         plan(&s, &settings(), t(5)).status[&2],
@@ -872,10 +1028,7 @@ fn a_deadline_failure_is_not_counted_twice() {
         ..settings()
     };
     let plan = plan(&snap(2, vec![c], pods), &s, t(0));
-    assert_eq!(
-        plan.actions,
-        vec![delete_pod(2, DeleteWhy::DeadlineExceeded)]
-    );
+    assert_eq!(plan.actions, vec![stop_pod(2, DeleteWhy::DeadlineExceeded)]);
     assert!(matches!(
         plan.status[&2],
         OrdinalState::Failed { attempts: 1, .. }

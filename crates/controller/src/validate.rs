@@ -1,0 +1,173 @@
+//! Validate once: a StatefulSet → its drain settings and template, or the list of problems. Later
+//! steps work on the validated value and cannot fail on bad input.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+
+use crate::config::DrainConfig;
+use crate::plan::{NewDrains, Settings};
+use crate::template::{self, DrainTemplate};
+
+/// A problem that stops new drains of a set until it changes: an Event reason and a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Stable reason (Event reason, metric label).
+    pub reason: &'static str,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
+/// The controller's flags that shape every set's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Flags {
+    /// First retry delay; doubles per failed attempt.
+    pub retry_base: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// A drain pod not started (or blocked) this long after creation is stuck.
+    pub stuck_after: Duration,
+    /// A drain pod whose containers restarted this often is stuck.
+    pub max_restarts: u32,
+    /// Under `finish`, the longest a returning ordinal waits for its drain.
+    pub scale_up_wait: Duration,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Self {
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(300),
+            stuck_after: Duration::from_secs(300),
+            max_restarts: 3,
+            scale_up_wait: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A StatefulSet's drain settings and template, both valid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidatedSet {
+    /// The drain annotations.
+    pub config: DrainConfig,
+    /// The drain template, ready to build pods.
+    pub template: DrainTemplate,
+}
+
+/// Validates the drain annotations and template of `set`; every problem found is reported.
+pub fn validate(set: &StatefulSet) -> Result<ValidatedSet, Vec<Problem>> {
+    let config = DrainConfig::from_set(set).map_err(|e| {
+        vec![Problem {
+            reason: e.reason(),
+            message: e.to_string(),
+        }]
+    })?;
+    let template = template::validate(set, &config).map_err(|errors| {
+        errors
+            .iter()
+            .map(|e| Problem {
+                reason: e.reason(),
+                message: e.to_string(),
+            })
+            .collect::<Vec<_>>()
+    })?;
+    Ok(ValidatedSet { config, template })
+}
+
+/// The planner's settings for a set: from its validated drain settings, or, when there are
+/// none (opted out, or invalid: `stopped` says why), settings that only complete and clean up
+/// the drains in flight.
+pub fn settings(
+    set: &StatefulSet,
+    validated: Result<&ValidatedSet, &str>,
+    flags: &Flags,
+) -> Settings {
+    let (config, new_drains) = match validated {
+        Ok(v) => (
+            v.config.clone(),
+            NewDrains::Allowed {
+                template_hash: v.template.template_hash().to_owned(),
+            },
+        ),
+        Err(why) => (
+            DrainConfig::default(),
+            NewDrains::Stopped {
+                why: why.to_owned(),
+            },
+        ),
+    };
+    Settings {
+        new_drains,
+        max_concurrent: config.concurrency_limit(set),
+        on_scale_up: config.on_scale_up,
+        max_attempts: config.max_attempts,
+        deadline: config.deadline,
+        retry_base: flags.retry_base,
+        retry_max: flags.retry_max,
+        stuck_after: flags.stuck_after,
+        max_restarts: flags.max_restarts,
+        scale_up_wait: flags.scale_up_wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OnScaleUp;
+    use crate::fixtures::{SetBuilder, drain_template_json};
+    use drain_api::annotations;
+
+    fn valid() -> SetBuilder {
+        SetBuilder::new("web")
+            .replicas(2)
+            .claim_template("data")
+            .drain_template(&drain_template_json(&["data"]))
+    }
+
+    #[test]
+    fn a_valid_set_gives_settings_that_allow_new_drains() {
+        let set = valid()
+            .annotation(annotations::MAX_ATTEMPTS, "3")
+            .annotation(annotations::ON_SCALE_UP, "finish")
+            .build();
+        let v = validate(&set).unwrap();
+        let s = settings(&set, Ok(&v), &Flags::default());
+        assert_eq!(
+            s.new_drains,
+            NewDrains::Allowed {
+                template_hash: v.template.template_hash().to_owned()
+            }
+        );
+        assert_eq!(s.max_attempts, Some(3));
+        assert_eq!(s.on_scale_up, OnScaleUp::Finish);
+        assert_eq!(s.max_concurrent, Some(1));
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_reason() {
+        let set = valid()
+            .annotation(annotations::DRAINER_POD_TEMPLATE, "{not json")
+            .build();
+        let problems = validate(&set).unwrap_err();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].reason, "InvalidDrainTemplate");
+        let set = valid().annotation(annotations::MAX_ATTEMPTS, "0").build();
+        assert_eq!(
+            validate(&set).unwrap_err()[0].reason,
+            "InvalidDrainAnnotation"
+        );
+    }
+
+    #[test]
+    fn without_a_valid_template_no_new_drain_starts() {
+        let set = valid().build();
+        let s = settings(&set, Err("the set opted out"), &Flags::default());
+        assert_eq!(
+            s.new_drains,
+            NewDrains::Stopped {
+                why: "the set opted out".to_owned()
+            }
+        );
+        assert_eq!(s.on_scale_up, OnScaleUp::Cancel);
+    }
+}
