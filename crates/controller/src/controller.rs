@@ -744,6 +744,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         let plan = plan::plan(&snap, &settings, now);
         if !plan.actions.is_empty() {
             info!(actions = ?plan.actions, "acting");
+            debug!(pods = ?snap.pods, claims = ?snap.claims, "observed");
         }
 
         // act

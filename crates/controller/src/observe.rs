@@ -237,11 +237,17 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
         .and_then(|v| serde_json::from_str::<BTreeMap<String, String>>(v).ok())
         .unwrap_or_default();
     let phase = phase(pod);
+    // `deletionTimestamp − deletionGracePeriodSeconds` is when the deletion was asked for, as
+    // long as the grace period is positive. Once the pod is terminal the API server rewrites
+    // both (grace 0, timestamp = the kubelet's final delete), so a zero grace period carries
+    // no request time: it is taken as the earliest possible, which nothing finished before.
     let delete_requested_at = meta.deletion_timestamp.as_ref().map(|t| {
-        let grace = meta.deletion_grace_period_seconds.unwrap_or(0).max(0);
-        to_timestamp(t)
-            .checked_sub(jiff::SignedDuration::from_secs(grace))
-            .unwrap_or(Timestamp::MIN)
+        match meta.deletion_grace_period_seconds.filter(|g| *g > 0) {
+            Some(grace) => to_timestamp(t)
+                .checked_sub(jiff::SignedDuration::from_secs(grace))
+                .unwrap_or(Timestamp::MIN),
+            None => Timestamp::MIN,
+        }
     });
     let started = container_statuses(pod).any(|c| {
         c.restart_count > 0
@@ -434,6 +440,48 @@ mod tests {
         assert_eq!(r.retry_after, Some("2026-01-01T00:00:10Z".parse().unwrap()));
         assert_eq!(r.pod_uid.as_deref(), Some("p"));
         assert_eq!(r.first_attempt_at, None);
+    }
+
+    fn deleted_pod(deletion: &str, grace: i64, finished: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-2", "uid": "p", "deletionTimestamp": deletion,
+                         "deletionGracePeriodSeconds": grace},
+            "status": {"phase": "Succeeded", "containerStatuses": [{
+                "name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "finishedAt": finished}}
+            }]}
+        }))
+        .unwrap()
+    }
+
+    fn proven(pod: &Pod) -> bool {
+        match drain_pod(pod, 2).kind {
+            PodKind::Drain(d) => d.proven_success(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn the_delete_request_time_is_read_from_a_positive_grace_period_only() {
+        // Asked at :00 (timestamp :30, grace 30), finished at :10: interrupted.
+        assert!(!proven(&deleted_pod(
+            "2026-01-01T00:00:30Z",
+            30,
+            "2026-01-01T00:00:10Z"
+        )));
+        // Finished at :10, asked at :20 (timestamp :50, grace 30): it had finished.
+        assert!(proven(&deleted_pod(
+            "2026-01-01T00:00:50Z",
+            30,
+            "2026-01-01T00:00:10Z"
+        )));
+        // Seen on the real cluster: after the kubelet's final delete the timestamp is that
+        // delete's time and the grace 0, whatever the request was: never proof.
+        assert!(!proven(&deleted_pod(
+            "2026-01-01T00:00:50Z",
+            0,
+            "2026-01-01T00:00:10Z"
+        )));
     }
 
     #[test]

@@ -121,7 +121,9 @@ pub struct DrainPod {
     pub resource_version: String,
     /// When it was created.
     pub created_at: Option<Timestamp>,
-    /// When someone asked for its deletion: `deletionTimestamp − deletionGracePeriodSeconds`.
+    /// When someone asked for its deletion: `deletionTimestamp − deletionGracePeriodSeconds`, or
+    /// [`Timestamp::MIN`] when that is unknown (a zero grace period: the API server rewrites the
+    /// timestamp of a terminal pod's final delete).
     pub delete_requested_at: Option<Timestamp>,
     /// When its last container finished; `None` unless every container reports a finish time.
     pub finished_at: Option<Timestamp>,
@@ -866,17 +868,17 @@ impl<'a> Planner<'a> {
             if counted {
                 return Some(self.counted_state(&ord.record, "interrupted"));
             }
-            let asked = drain
-                .delete_requested_at
-                .map(|t| t.to_string())
-                .unwrap_or_default();
+            let asked = match drain.delete_requested_at {
+                Some(t) if t > Timestamp::MIN => format!("was asked to stop at {t}"),
+                _ => "was deleted".to_owned(),
+            };
             return Some(self.record_failure(
                 ord,
                 &pod.uid,
                 FailureKind::Interrupted,
                 format!(
-                    "drain pod was asked to stop at {asked} and exited 0 without proof it had \
-                     finished; the claims are kept and the drain runs again"
+                    "drain pod {asked} and exited 0 without proof it had finished; the claims \
+                     are kept and the drain runs again"
                 ),
             ));
         }

@@ -237,7 +237,9 @@ async fn scale_up_during_a_drain_finishes_it_and_the_returning_pod_gets_a_fresh_
     let _controller = ControllerProcess::start(&ns.name, &[]);
     start_set(
         &ns,
-        &drain_set("f", &format!("{CHECK_OWNER} && sleep 4")).replicas(2),
+        &drain_set("f", &format!("{CHECK_OWNER} && sleep 4"))
+            .replicas(2)
+            .annotation(drain_api::annotations::ON_SCALE_UP, "finish"),
     )
     .await?;
     wait_running(&ns, &pod_names("f", 0..2)).await?;
@@ -253,6 +255,37 @@ async fn scale_up_during_a_drain_finishes_it_and_the_returning_pod_gets_a_fresh_
         "the returning pod must not get the drained claim"
     );
     wait_event(&ns, "f", "ClaimsDeleted").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn under_finish_a_returning_pod_waits_at_most_the_scale_up_wait() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-up-wait").await?;
+    let _controller = ControllerProcess::start(&ns.name, &["--scale-up-wait", "4s"]);
+    // A drain that can never finish (it waits for a peer that will not come).
+    let set = drain_set("w", "sleep 3600")
+        .replicas(2)
+        .annotation(drain_api::annotations::ON_SCALE_UP, "finish");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("w", 0..2)).await?;
+    let old = claim_uid(&ns, "data-w-1").await?;
+    scale(&ns, "w", 1).await?;
+    wait_drain_pod(&ns, "w-1", Some("Running")).await?;
+    scale(&ns, "w", 2).await?;
+    let started = std::time::Instant::now();
+    wait_event(&ns, "w", "ScaleUpWaitExceeded").await?;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "cancelled before the scale-up wait: {:?}",
+        started.elapsed()
+    );
+    wait_stateful_pod_back(&ns, "w-1").await?;
+    assert_eq!(
+        claim_uid(&ns, "data-w-1").await?,
+        old,
+        "the returning pod gets its claim back"
+    );
     Ok(())
 }
 

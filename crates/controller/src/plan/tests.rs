@@ -1034,3 +1034,345 @@ fn a_deadline_failure_is_not_counted_twice() {
         OrdinalState::Failed { attempts: 1, .. }
     ));
 }
+
+// ---- interrupted, stuck, overtaken drains -------------------------------------------------
+
+#[test]
+fn a_drain_pod_that_exits_0_after_a_delete_request_is_not_a_success() {
+    let c = with_record(claim("data", 2), running_record(2));
+    // Asked to stop at t(-5), the container finished at t(-1): interrupted.
+    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordFailure {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned(),
+            kind: FailureKind::Interrupted,
+            attempts: 1,
+            retry_after: t(10),
+            reason: format!(
+                "drain pod was asked to stop at {} and exited 0 without proof it had finished; the \
+                 claims are kept and the drain runs again",
+                t(-5)
+            ),
+            gave_up: false,
+            only_if_pod_gone: false,
+        }]
+    );
+    assert!(matches!(plan.status[&2], OrdinalState::Retrying { .. }));
+}
+
+#[rstest]
+#[case::finished_before_the_request(Some(-3), -2, true)]
+#[case::finished_in_the_same_second(Some(-2), -2, false)]
+#[case::finished_after_the_request(Some(-1), -2, false)]
+#[case::no_finish_time(None, -2, false)]
+fn success_is_proven_only_by_a_finish_strictly_before_the_delete_request(
+    #[case] finished: Option<i64>,
+    #[case] asked: i64,
+    #[case] proven: bool,
+) {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(asked));
+    drain_of(&mut pod).finished_at = finished.map(t);
+    let plan = plan(&snap(2, vec![c], vec![pod]), &settings(), t(0));
+    let deletes_claims = plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::DeleteClaims { .. }));
+    assert_eq!(deletes_claims, proven, "{:?}", plan.actions);
+}
+
+#[test]
+fn an_interrupted_drain_is_counted_once_and_retried_after_it_is_gone() {
+    let record = DrainRecord {
+        attempts: 1,
+        retry_after: Some(t(10)),
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        last_failure: Some("interrupted".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    let plan1 = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(1));
+    assert!(plan1.actions.is_empty(), "{:?}", plan1.actions);
+    // Gone, backoff over: attempt 2.
+    let plan2 = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(10));
+    assert_eq!(plan2.actions, vec![create(2, &[&c], 2, None)]);
+}
+
+#[test]
+fn a_cancelled_drain_that_exits_0_keeps_the_claims_for_the_returning_ordinal() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    let plan = plan(&snap(3, vec![c.clone()], vec![pod]), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::ClearRecord {
+            ordinal: 2,
+            claims: refs(&[&c])
+        }]
+    );
+}
+
+#[test]
+fn cancel_is_the_default_and_stops_the_pod_with_a_resource_version() {
+    assert_eq!(Settings::default().on_scale_up, OnScaleUp::Cancel);
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(3, vec![c], pods), &settings(), t(0));
+    assert_eq!(plan.actions[0], stop_pod(2, DeleteWhy::Cancelled));
+}
+
+#[test]
+fn under_finish_the_returning_ordinal_waits_at_most_the_scale_up_wait() {
+    let record = DrainRecord {
+        returned_at: Some(t(-300)),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(3, vec![c.clone()], pods.clone()), &finish(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            stop_pod(2, DeleteWhy::ScaleUpWaitExceeded),
+            Action::ClearRecord {
+                ordinal: 2,
+                claims: refs(&[&c])
+            }
+        ]
+    );
+    // Before the wait is over it keeps waiting and looks again when it ends.
+    let plan = super::plan(&snap(3, vec![c], pods), &finish(), t(-100));
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(100)));
+}
+
+#[test]
+fn under_finish_a_drain_that_never_started_is_cancelled_at_once() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Pending, &[&c])];
+    let plan = plan(&snap(3, vec![c], pods), &finish(), t(0));
+    assert_eq!(plan.actions[0], stop_pod(2, DeleteWhy::Cancelled));
+}
+
+fn stuck_pod(c: &Claim, edit: impl FnOnce(&mut DrainPod)) -> PodObs {
+    let mut pod = drain_pod(2, DrainPhase::Pending, &[c]);
+    edit(drain_of(&mut pod));
+    pod
+}
+
+#[rstest]
+#[case::image_never_pulled(|d: &mut DrainPod| d.blocker = Some(Blocker { reason: "ErrImageNeverPull".into(), message: "no image".into(), definitive: true }), "stuck: ErrImageNeverPull: no image")]
+#[case::pull_backoff_too_long(|d: &mut DrainPod| { d.blocker = Some(Blocker { reason: "ImagePullBackOff".into(), message: String::new(), definitive: false }); d.created_at = Some(t(-400)); }, "stuck: ImagePullBackOff")]
+#[case::never_started(|d: &mut DrainPod| d.created_at = Some(t(-400)), "stuck: not started after 5m")]
+#[case::crash_loop(|d: &mut DrainPod| { d.started = true; d.phase = DrainPhase::Running; d.restarts = 3; d.failure = Some("container drain exited with code 1".into()); }, "stuck: containers restarted 3 times (container drain exited with code 1)")]
+fn a_stuck_drain_pod_is_a_failed_attempt(#[case] edit: fn(&mut DrainPod), #[case] reason: &str) {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pod = stuck_pod(&c, edit);
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+    assert_eq!(plan.actions.len(), 2, "{:?}", plan.actions);
+    match &plan.actions[0] {
+        Action::RecordFailure {
+            kind,
+            reason: got,
+            attempts,
+            ..
+        } => {
+            assert_eq!(*kind, FailureKind::Stuck);
+            assert_eq!(got, reason);
+            assert_eq!(*attempts, 1);
+        }
+        other => panic!("expected RecordFailure, got {other:?}"),
+    }
+    assert_eq!(plan.actions[1], stop_pod(2, DeleteWhy::Stuck));
+    assert!(matches!(plan.status[&2], OrdinalState::Stuck { .. }));
+}
+
+#[test]
+fn a_pod_blocked_for_less_than_stuck_after_waits_and_looks_again() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pod = stuck_pod(&c, |d| {
+        d.blocker = Some(Blocker {
+            reason: "ImagePullBackOff".into(),
+            message: String::new(),
+            definitive: false,
+        });
+        d.created_at = Some(t(-100));
+    });
+    let plan = plan(&snap(2, vec![c], vec![pod]), &settings(), t(0));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(200)));
+}
+
+#[test]
+fn stuck_attempts_count_against_max_attempts() {
+    let record = DrainRecord {
+        attempts: 1,
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pod = stuck_pod(&c, |d| {
+        d.blocker = Some(Blocker {
+            reason: "ErrImageNeverPull".into(),
+            message: String::new(),
+            definitive: true,
+        })
+    });
+    let s = Settings {
+        max_attempts: Some(2),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c], vec![pod]), &s, t(0));
+    assert!(matches!(
+        plan.actions[0],
+        Action::RecordFailure {
+            gave_up: true,
+            attempts: 2,
+            ..
+        }
+    ));
+    assert!(matches!(plan.status[&2], OrdinalState::Failed { .. }));
+}
+
+#[test]
+fn a_changed_template_replaces_a_pod_that_has_not_started() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Pending, &[&c]);
+    drain_of(&mut pod).template_hash = Some("h0".to_owned());
+    let plan = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(plan.actions, vec![stop_pod(2, DeleteWhy::TemplateChanged)]);
+    // A running one is left to finish.
+    let mut running = drain_pod(2, DrainPhase::Running, &[&c]);
+    drain_of(&mut running).template_hash = Some("h0".to_owned());
+    let plan = super::plan(&snap(2, vec![c], vec![running]), &settings(), t(0));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+}
+
+#[test]
+fn a_changed_template_starts_a_new_series_even_after_giving_up() {
+    let record = DrainRecord {
+        attempts: 2,
+        retry_after: Some(t(50)),
+        counted_pod_uid: Some("drain-pod-2".to_owned()),
+        last_failure: Some("stuck".to_owned()),
+        template_hash: Some("h0".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let s = Settings {
+        max_attempts: Some(2),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &s, t(0));
+    assert_eq!(plan.actions, vec![create(2, &[&c], 1, Some(t(0)))]);
+    // With the same template it stays given up.
+    let same = with_record(
+        claim("data", 2),
+        DrainRecord {
+            template_hash: Some(HASH.to_owned()),
+            ..c.record.clone()
+        },
+    );
+    let plan = super::plan(&snap(2, vec![same], vec![]), &s, t(0));
+    assert!(plan.actions.is_empty());
+    assert!(matches!(plan.status[&2], OrdinalState::Failed { .. }));
+}
+
+#[test]
+fn the_vanished_pod_of_an_older_template_is_not_counted() {
+    let record = DrainRecord {
+        template_hash: Some("h0".to_owned()),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(0));
+    assert_eq!(plan.actions, vec![create(2, &[&c], 1, Some(t(0)))]);
+}
+
+#[test]
+fn with_drains_stopped_flights_complete_but_nothing_new_starts() {
+    let stopped = Settings {
+        new_drains: NewDrains::Stopped {
+            why: "the set opted out of draining".to_owned(),
+        },
+        ..settings()
+    };
+    let c2 = with_record(claim("data", 2), running_record(2));
+    let c1 = claim("data", 1);
+    let pods = vec![drain_pod(2, DrainPhase::Succeeded, &[&c2])];
+    let plan = plan(&snap(1, vec![c1, c2.clone()], pods), &stopped, t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&c2])
+            },
+            delete_pod(2, DeleteWhy::Succeeded),
+        ]
+    );
+    assert_eq!(
+        plan.status[&1],
+        OrdinalState::Waiting {
+            reason: "no new drain: the set opted out of draining".to_owned()
+        }
+    );
+}
+
+#[test]
+fn with_drains_stopped_a_returning_ordinal_is_cancelled_even_under_finish() {
+    let stopped = Settings {
+        new_drains: NewDrains::Stopped {
+            why: "invalid".to_owned(),
+        },
+        ..finish()
+    };
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(3, vec![c], pods), &stopped, t(0));
+    assert_eq!(plan.actions[0], stop_pod(2, DeleteWhy::Cancelled));
+}
+
+#[test]
+fn a_foreign_pod_blocks_is_reported_once_and_never_touched() {
+    let c = claim("data", 2);
+    let mut foreign = stateful_pod(2);
+    foreign.kind = PodKind::Foreign;
+    let mut s = snap(2, vec![c], vec![foreign]);
+    let plan1 = plan(&s, &settings(), t(0));
+    assert_eq!(plan1.actions.len(), 1);
+    assert!(matches!(
+        plan1.actions[0],
+        Action::Warn {
+            reason: "DrainBlocked",
+            ..
+        }
+    ));
+    assert!(matches!(plan1.status[&2], OrdinalState::Blocked { .. }));
+    // Reported already: no new warning.
+    s.previous = plan1.status.clone();
+    let plan2 = plan(&s, &settings(), t(1));
+    assert!(plan2.actions.is_empty(), "{:?}", plan2.actions);
+    assert_eq!(plan2.status, plan1.status);
+}
+
+#[test]
+fn a_foreign_pod_does_not_take_a_drain_slot() {
+    let mut foreign = stateful_pod(2);
+    foreign.kind = PodKind::Foreign;
+    let c1 = claim("data", 1);
+    let plan = plan(
+        &snap(1, vec![claim("data", 2), c1.clone()], vec![foreign]),
+        &settings(),
+        t(0),
+    );
+    assert!(plan.actions.contains(&create(1, &[&c1], 1, Some(t(0)))));
+}
