@@ -206,7 +206,7 @@ pub struct ActCtx<'a> {
 
 impl ActCtx<'_> {
     fn pod_name(&self, ordinal: i32) -> String {
-        format!("{}-{ordinal}", self.set_name)
+        drain_api::names::pod_name(self.set_name, ordinal)
     }
 }
 

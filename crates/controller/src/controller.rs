@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drain_api::names::{self, OrdinalRange};
 use drain_api::{annotations, claim_annotations, labels};
 use futures::{StreamExt, TryStreamExt, future};
 use jiff::Timestamp;
@@ -568,9 +569,8 @@ impl Cluster for KubeCluster<'_> {
             return Ok(false);
         }
         let spec = set.spec.unwrap_or_default();
-        let start = spec.ordinals.and_then(|o| o.start).unwrap_or(0);
-        let end = start.saturating_add(spec.replicas.unwrap_or(1).max(0));
-        Ok(ordinal < start || ordinal >= end)
+        let range = OrdinalRange::new(spec.ordinals.and_then(|o| o.start), spec.replicas);
+        Ok(!range.contains(ordinal))
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -670,7 +670,7 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
         .iter()
         .filter_map(|o| {
             ctx.stateful_pods
-                .get(&ObjectRef::new(&format!("{name}-{o}")).within(&ns))
+                .get(&ObjectRef::new(&names::pod_name(&name, *o)).within(&ns))
         })
         .collect();
     let mut snap = observe::snapshot(

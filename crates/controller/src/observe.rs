@@ -13,49 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::plan::{Blocker, Claim, DrainPhase, DrainPod, DrainRecord, PodKind, PodObs, Snapshot};
 use crate::status::StatusReport;
 
-/// Parses a plain decimal ordinal: digits only, no sign, no leading zero (as the StatefulSet
-/// controller writes them).
-pub fn parse_ordinal(s: &str) -> Option<i32> {
-    let canonical =
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
-    if canonical { s.parse().ok() } else { None }
-}
-
-/// The ordinal of a pod named `<set>-<ordinal>`.
-pub fn parse_pod_name(name: &str, set: &str) -> Option<i32> {
-    parse_ordinal(name.strip_prefix(set)?.strip_prefix('-')?)
-}
-
-/// The claim template and ordinal of a claim named `<template>-<set>-<ordinal>`, for one of
-/// the set's claim templates.
-pub fn parse_claim_name<'t>(
-    name: &str,
-    set: &str,
-    templates: &'t [String],
-) -> Option<(&'t str, i32)> {
-    let (rest, ordinal) = name.rsplit_once('-')?;
-    let ordinal = parse_ordinal(ordinal)?;
-    let template = rest.strip_suffix(set)?.strip_suffix('-')?;
-    templates
-        .iter()
-        .find(|t| *t == template)
-        .map(|t| (t.as_str(), ordinal))
-}
-
-/// Candidate StatefulSet names for a claim name, whatever the set's templates: every suffix
-/// after a dash of `<template>-<set>` in `<template>-<set>-<ordinal>`.
-pub fn claim_set_candidates(name: &str) -> Vec<&str> {
-    let Some((rest, ordinal)) = name.rsplit_once('-') else {
-        return Vec::new();
-    };
-    if parse_ordinal(ordinal).is_none() {
-        return Vec::new();
-    }
-    rest.match_indices('-')
-        .map(|(i, _)| &rest[i + 1..])
-        .filter(|s| !s.is_empty())
-        .collect()
-}
+pub use drain_api::names::{claim_set_candidates, parse_claim_name, parse_pod_name};
 
 fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
@@ -369,54 +327,6 @@ pub fn snapshot<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
-
-    fn templates(names: &[&str]) -> Vec<String> {
-        names.iter().map(|s| (*s).to_owned()).collect()
-    }
-
-    #[rstest]
-    #[case("data-web-2", "web", &["data"], Some(("data", 2)))]
-    #[case("data-web-0", "web", &["data"], Some(("data", 0)))]
-    #[case("data-web-10", "web", &["data"], Some(("data", 10)))]
-    #[case("my-data-web-3", "web", &["data", "my-data"], Some(("my-data", 3)))]
-    #[case("data-my-web-1", "my-web", &["data"], Some(("data", 1)))]
-    #[case("data-my-web-1", "web", &["data"], None)]
-    #[case("data-web-02", "web", &["data"], None)]
-    #[case("data-web-+2", "web", &["data"], None)]
-    #[case("data-web--2", "web", &["data"], None)]
-    #[case("data-web-2x", "web", &["data"], None)]
-    #[case("data-web-", "web", &["data"], None)]
-    #[case("logs-web-2", "web", &["data"], None)]
-    #[case("data-web2-2", "web", &["data"], None)]
-    #[case("data-web-99999999999", "web", &["data"], None)]
-    fn claim_names(
-        #[case] name: &str,
-        #[case] set: &str,
-        #[case] tmpl: &[&str],
-        #[case] want: Option<(&str, i32)>,
-    ) {
-        let t = templates(tmpl);
-        assert_eq!(parse_claim_name(name, set, &t), want);
-    }
-
-    #[rstest]
-    #[case("web-2", "web", Some(2))]
-    #[case("web-0", "web", Some(0))]
-    #[case("web-02", "web", None)]
-    #[case("web2", "web", None)]
-    #[case("my-web-1", "web", None)]
-    #[case("web-x", "web", None)]
-    fn pod_names(#[case] name: &str, #[case] set: &str, #[case] want: Option<i32>) {
-        assert_eq!(parse_pod_name(name, set), want);
-    }
-
-    #[test]
-    fn claim_candidates_cover_every_split() {
-        assert_eq!(claim_set_candidates("a-b-c-3"), vec!["b-c", "c"]);
-        assert!(claim_set_candidates("a-b-c").is_empty());
-        assert!(claim_set_candidates("nodash").is_empty());
-    }
 
     #[test]
     fn drain_record_round_trips_through_annotations() {

@@ -149,6 +149,8 @@ impl DrainPod {
 }
 
 /// What kind of pod holds an ordinal's name.
+// A snapshot holds a handful of these; boxing the drain pod would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodKind {
     /// The StatefulSet's own pod, or anything else by that name.
@@ -568,8 +570,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         busy: 0,
         candidates: Vec::new(),
     };
-    let start = snap.ordinals_start;
-    let end = start.saturating_add(snap.replicas.max(0));
+    let range = drain_api::names::OrdinalRange::new(Some(snap.ordinals_start), Some(snap.replicas));
 
     let ordinals: BTreeSet<i32> = snap
         .claims
@@ -594,7 +595,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         let live: Vec<&Claim> = claims.iter().copied().filter(|c| !c.terminating).collect();
         let ord = Ordinal {
             ordinal: o,
-            in_range: o >= start && o < end,
+            in_range: range.contains(o),
             record: merged_record(&live),
             claims,
             live,
@@ -1112,7 +1113,7 @@ impl<'a> Planner<'a> {
             let new_series = record
                 .first_attempt_at
                 .is_none()
-                .then(|| (self.now, template_hash));
+                .then_some((self.now, template_hash));
             self.act(Action::CreateDrainPod {
                 ordinal: o,
                 claims: live

@@ -561,13 +561,13 @@ impl DrainTemplate {
 
     /// Name of the drain pod (and of the stateful pod) of `ordinal`: `<set>-<ordinal>`.
     pub fn pod_name(&self, ordinal: i32) -> String {
-        format!("{}-{ordinal}", self.set_name)
+        drain_api::names::pod_name(&self.set_name, ordinal)
     }
 
     /// Name of the claim that claim template `claim_template` gives `ordinal`:
     /// `<claim template>-<set>-<ordinal>`.
     pub fn claim_name(&self, claim_template: &str, ordinal: i32) -> String {
-        format!("{claim_template}-{}-{ordinal}", self.set_name)
+        drain_api::names::claim_name(claim_template, &self.set_name, ordinal)
     }
 
     /// The labels of the drain pod of `ordinal`: the template's plus

@@ -404,7 +404,7 @@ async fn bad_input_gets_a_warning_and_nothing_is_touched() -> Result<()> {
     for (name, _, reason) in &cases {
         let warnings = wait_event(&ns, name, reason).await?;
         assert!(
-            warnings.iter().all(|w| w.contains("no drain runs")),
+            warnings.iter().all(|w| w.contains("no new drain starts")),
             "{warnings:?}"
         );
         let set = ns.api::<StatefulSet>().get(name).await?;
