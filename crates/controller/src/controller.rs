@@ -775,10 +775,6 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             return Err(Error::Act { count: errors.len(), first });
         }
         ctx.failures.lock().expect("failures lock").remove(&ObjectRef::from_obj(set.as_ref()));
-        if !opted_in || !problems.is_empty() {
-            // Only drains in flight are followed; their pods' changes trigger us.
-            return Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)));
-        }
         Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)))
     }
     .instrument(span)
