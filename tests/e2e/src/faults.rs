@@ -395,7 +395,7 @@ pub fn apply_example(ns: &TestNamespace, edits: &[(&str, &str)]) -> Result<()> {
 pub async fn store_of(ns: &TestNamespace, ordinal: i32) -> Result<Store> {
     let pod = ns
         .api::<Pod>()
-        .get(&format!("{DATASTORE}-{ordinal}"))
+        .get(&drain_api::names::pod_name(DATASTORE, ordinal))
         .await?;
     let ip = pod.status.and_then(|s| s.pod_ip).context("pod IP")?;
     Ok(Store::new(&format!("http://{ip}:8080"))?)

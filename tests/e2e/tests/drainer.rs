@@ -7,9 +7,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use datastore::Client as Store;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
-use drain_api::names::{claim_name, pod_name};
+use drain_api::names::claim_name;
+use e2e::faults::{store_of, value_of};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
@@ -40,16 +40,6 @@ fn apply_example(ns: &TestNamespace, edit: impl Fn(String) -> String) -> Result<
         "kubectl apply of the example failed"
     );
     Ok(())
-}
-
-async fn store_of(ns: &TestNamespace, ordinal: i32) -> Result<Store> {
-    let pod = ns.api::<Pod>().get(&pod_name("datastore", ordinal)).await?;
-    let ip = pod.status.and_then(|s| s.pod_ip).context("pod IP")?;
-    Ok(Store::new(&format!("http://{ip}:8080"))?)
-}
-
-fn value_of(key: &str) -> Vec<u8> {
-    format!("{key}: {}", "payload ".repeat(key.len() % 7 + 1)).into_bytes()
 }
 
 /// Writes `RECORDS` records, each to the pod `target(key)` names; returns key → value.
