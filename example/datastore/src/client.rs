@@ -1,6 +1,8 @@
 //! A small HTTP client for the datastore, for tests and example clients.
 
-use reqwest::{StatusCode, Url};
+use reqwest::{StatusCode, Url, header};
+
+pub use crate::store::Created;
 
 /// Errors of [`Client`] calls.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +16,7 @@ pub enum ClientError {
     /// The request failed before an answer came back.
     #[error("failed to {op} {target}")]
     Request {
-        /// What was attempted (`put record`, `get record`, `list records`).
+        /// What was attempted (`put record`, `create record`, `get record`, `list records`).
         op: &'static str,
         /// The URL requested.
         target: Url,
@@ -78,6 +80,35 @@ impl Client {
                 source,
             })?;
         expect_success(op, target, response.status())
+    }
+
+    /// Stores `value` under `key` only if the server has no record of that key, with
+    /// `If-None-Match: *`: [`Created::Created`] once the server acknowledged a durable write
+    /// (any `2xx`), [`Created::Exists`] on `412` (the server's record is left unchanged).
+    pub async fn create(
+        &self,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<Created, ClientError> {
+        let op = "create record";
+        let target = self.record_url(key);
+        let response = self
+            .http
+            .put(target.clone())
+            .header(header::IF_NONE_MATCH, "*")
+            .body(value.into())
+            .send()
+            .await
+            .map_err(|source| ClientError::Request {
+                op,
+                target: target.clone(),
+                source,
+            })?;
+        if response.status() == StatusCode::PRECONDITION_FAILED {
+            return Ok(Created::Exists);
+        }
+        expect_success(op, target, response.status())?;
+        Ok(Created::Created)
     }
 
     /// The value of `key`, or `None` if the server has no such record.

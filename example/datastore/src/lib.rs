@@ -3,7 +3,9 @@
 //! Which server holds a key is the client's choice (the project's clients use
 //! `drainer::placement::owner` over the StatefulSet's ordinals); each server only stores what
 //! it is given. `PUT /records/{key}` answers `204` only after the record is durably on disk,
-//! which is what the drainer relies on before deleting its own copy.
+//! which is what the drainer relies on before deleting its own copy; with `If-None-Match: *`
+//! it only creates, answering `412` if the key already has a record. [`http`] spells out this
+//! peer contract for apps that implement it themselves.
 
 pub mod cli;
 pub mod client;
@@ -14,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
 pub use client::Client;
-pub use store::{Key, Store};
+pub use store::{Created, Key, Store};
 
 /// Errors that stop the service.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +85,8 @@ pub async fn run(args: cli::Args) -> Result<(), RunError> {
         version = env!("CARGO_PKG_VERSION"),
         data_dir = %args.data_dir.display(),
         listen = %args.listen,
+        max_record_bytes = args.max_record_bytes,
+        max_concurrent_requests = args.max_concurrent_requests.get(),
         "starting datastore"
     );
     let store = Store::open(&args.data_dir)?;
@@ -100,7 +104,7 @@ pub async fn run(args: cli::Args) -> Result<(), RunError> {
             _ = int.recv() => tracing::info!("received SIGINT, shutting down"),
         }
     };
-    http::serve(listener, store, shutdown)
+    http::serve_with(listener, store, args.limits(), shutdown)
         .await
         .map_err(RunError::Serve)?;
     tracing::info!("stopped");

@@ -1,15 +1,21 @@
 //! Records on disk: one file per key in the data directory, each written atomically.
 //!
-//! A write goes to a temporary file in the same directory (its name starts with `.`, so it is
-//! never listed as a record), is flushed with `fsync`, renamed over the record's file, and then
-//! the directory itself is flushed. A record is therefore either wholly old or wholly new, and
-//! once [`Store::put`] returns it survives a crash.
+//! A write streams into a temporary file in the same directory (its name starts with `.`, so it
+//! is never listed as a record), is flushed with `fsync`, renamed to the record's file (over the
+//! old one, or with no-clobber for a create-only write), and then the directory itself is
+//! flushed. A record is therefore either wholly old or wholly new, and once a write returns `Ok`
+//! it survives a crash. See [`PendingRecord`] for the write path.
 
-use std::fs::{self, File, Permissions};
-use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
+mod write;
+
+pub use write::{Created, PendingRecord};
+
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use tokio::io::AsyncReadExt;
 
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 200;
@@ -143,23 +149,62 @@ impl Store {
     /// Writes the record `key` durably (overwriting any previous value). When this returns
     /// `Ok`, the record is on stable storage.
     pub async fn put(&self, key: Key, value: Vec<u8>) -> Result<(), StoreError> {
-        let dir = Arc::clone(&self.dir);
-        tokio::task::spawn_blocking(move || {
-            write_atomic(&dir, key.as_str(), &value)
-                .map_err(|source| StoreError::Write { key, source })
-        })
-        .await
-        .map_err(StoreError::Task)?
+        let mut pending = self.begin(key).await?;
+        pending.write(&value).await?;
+        pending.commit().await
     }
 
-    /// Reads the record `key`; `None` if there is none.
+    /// Writes the record `key` durably only if there is none yet, atomically: of concurrent
+    /// creates of one key exactly one answers [`Created::Created`]. An existing record is left
+    /// as it is ([`Created::Exists`]).
+    pub async fn create(&self, key: Key, value: Vec<u8>) -> Result<Created, StoreError> {
+        let mut pending = self.begin(key).await?;
+        pending.write(&value).await?;
+        pending.commit_new().await
+    }
+
+    /// Starts a streamed write of the record `key` into a temporary file; nothing is visible
+    /// until [`PendingRecord::commit`] or [`PendingRecord::commit_new`], and dropping the
+    /// pending record removes the temporary file.
+    pub async fn begin(&self, key: Key) -> Result<PendingRecord, StoreError> {
+        PendingRecord::begin(Arc::clone(&self.dir), key).await
+    }
+
+    /// Reads the record `key` into memory; `None` if there is none.
     pub async fn get(&self, key: Key) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(record) = self.open_record(key.clone()).await? else {
+            return Ok(None);
+        };
+        let mut file = record.file;
+        let mut value = Vec::with_capacity(usize::try_from(record.len).unwrap_or(0));
+        file.read_to_end(&mut value)
+            .await
+            .map_err(|source| StoreError::Read { key, source })?;
+        Ok(Some(value))
+    }
+
+    /// Opens the record `key` for streaming; `None` if there is none (a directory of that name
+    /// is not a record, as in [`Store::list`]). The file stays readable and unchanged even if
+    /// the record is overwritten meanwhile (writes replace the file, never change it).
+    pub async fn open_record(&self, key: Key) -> Result<Option<Record>, StoreError> {
         let path = self.dir.join(key.as_str());
-        match tokio::fs::read(&path).await {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(StoreError::Read { key, source }),
+        let read_err = |source| StoreError::Read {
+            key: key.clone(),
+            source,
+        };
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(read_err(source)),
+        };
+        let metadata = file.metadata().await.map_err(read_err)?;
+        if !metadata.is_file() {
+            return Ok(None);
         }
+        Ok(Some(Record {
+            file,
+            len: metadata.len(),
+        }))
     }
 
     /// The keys of all records, sorted. Temporary files, directories (such as `lost+found`)
@@ -177,16 +222,13 @@ impl Store {
     }
 }
 
-/// Temp file, write, fsync, rename over `dir/key`, fsync `dir`.
-fn write_atomic(dir: &Path, key: &str, value: &[u8]) -> io::Result<()> {
-    let mut tmp = tempfile::Builder::new()
-        .prefix(TEMP_PREFIX)
-        .permissions(Permissions::from_mode(0o644))
-        .tempfile_in(dir)?;
-    tmp.as_file_mut().write_all(value)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(dir.join(key)).map_err(|e| e.error)?;
-    File::open(dir)?.sync_all()
+/// A record opened for reading.
+#[derive(Debug)]
+pub struct Record {
+    /// The open file, positioned at its start.
+    pub file: tokio::fs::File,
+    /// Its length in bytes.
+    pub len: u64,
 }
 
 fn list_keys(dir: &Path) -> io::Result<Vec<String>> {

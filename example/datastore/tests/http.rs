@@ -1,48 +1,9 @@
 //! The datastore's HTTP API against a real server on 127.0.0.1 with a temporary data directory.
 
-use std::net::SocketAddr;
-use std::path::Path;
+mod common;
 
-use datastore::{Client, Store};
+use common::{Server, dir_entries};
 use reqwest::StatusCode;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-
-/// A server on an ephemeral port; stops when dropped.
-struct Server {
-    addr: SocketAddr,
-    _stop: oneshot::Sender<()>,
-}
-
-impl Server {
-    async fn start(dir: &Path) -> Self {
-        let store = Store::open(dir).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(datastore::http::serve(listener, store, async move {
-            let _ = stopped.await;
-        }));
-        Self { addr, _stop: stop }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn client(&self) -> Client {
-        Client::new(&self.url("")).unwrap()
-    }
-}
-
-fn dir_entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
-    names
-}
 
 #[tokio::test]
 async fn put_get_list_round_trip() {
