@@ -26,6 +26,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::act::{self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Severity, Subject};
 use crate::status::StatusReport;
+use crate::status_memo::StatusMemo;
 use crate::validate::{self, Flags};
 use crate::watch::{self, Filter, Index, SetKey};
 use crate::{observe, plan};
@@ -92,6 +93,8 @@ pub struct Context {
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
+    /// The status last written per set, for reads from a cache that has not caught up yet.
+    written: StatusMemo,
     ready: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -395,6 +398,7 @@ pub async fn run(
         claim_index,
         config,
         failures: Mutex::default(),
+        written: StatusMemo::default(),
         ready,
     });
 
@@ -639,7 +643,10 @@ async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Resu
         ..PatchParams::default()
     };
     match api.patch(&name, &pp, &Patch::Merge(patch)).await {
-        Ok(_) => Ok(()),
+        Ok(patched) => {
+            ctx.written.remember(&patched);
+            Ok(())
+        }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(Error::PatchStatus { name, source }),
     }
@@ -711,8 +718,14 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         if set.metadata.deletion_timestamp.is_some() {
             // Being deleted: drain pods go with the set (garbage collector), claims stay.
             debug!("statefulset is being deleted; leaving it alone");
+            ctx.written.forget(&set);
             return Ok(Requeue::await_change());
         }
+        // Read our own last status write even if the cache has not seen it yet.
+        let set = match ctx.written.overlay(&set) {
+            Some(fresher) => Arc::new(fresher),
+            None => set,
+        };
         ctx.wait_ready().await?;
         let set_ref = set_reference(&set);
         let opted_in = opted_in(&set);

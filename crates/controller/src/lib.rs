@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod observe;
 pub mod plan;
 pub mod status;
+pub mod status_memo;
 pub mod template;
 pub mod validate;
 pub mod watch;
