@@ -555,6 +555,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                 FailureKind::Failed | FailureKind::Vanished => ("DrainFailed", "failed"),
                 FailureKind::Interrupted => ("DrainInterrupted", "was interrupted"),
                 FailureKind::Stuck => ("DrainStuck", "is stuck"),
+                FailureKind::Stalled => ("DrainStalled", "made no progress"),
                 FailureKind::DeadlineExceeded => {
                     ("DrainDeadlineExceeded", "ran past the drain deadline")
                 }
@@ -612,7 +613,8 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
             DeleteWhy::Succeeded
             | DeleteWhy::Failed
             | DeleteWhy::DeadlineExceeded
-            | DeleteWhy::Stuck => Vec::new(),
+            | DeleteWhy::Stuck
+            | DeleteWhy::Stalled => Vec::new(),
         },
         Action::DeleteClaims { ordinal, claims } => {
             let name = ctx.pod_name(*ordinal);

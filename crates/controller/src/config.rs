@@ -31,6 +31,9 @@ pub struct DrainConfig {
     pub max_attempts: Option<u32>,
     /// Time after an ordinal's first attempt after which retrying stops; `None` is unlimited.
     pub deadline: Option<Duration>,
+    /// A running drain pod whose published progress has not changed this long is stalled;
+    /// `None` (the default) never takes a drain as stalled.
+    pub stall_after: Option<Duration>,
 }
 
 impl Default for DrainConfig {
@@ -41,6 +44,7 @@ impl Default for DrainConfig {
             inherit_pod_spec: true,
             max_attempts: None,
             deadline: None,
+            stall_after: None,
         }
     }
 }
@@ -107,6 +111,9 @@ impl DrainConfig {
                 .filter(|&seconds| seconds > 0)
                 .ok_or_else(|| invalid(key, value, POSITIVE_INTEGER))?;
             config.deadline = Some(Duration::from_secs(seconds));
+        }
+        if let Some((key, value)) = get(annotations::STALL_SECONDS) {
+            config.stall_after = Some(Duration::from_secs(u64::from(positive(key, value)?)));
         }
         Ok(config)
     }
@@ -188,6 +195,7 @@ mod tests {
             (annotations::INHERIT_POD_SPEC, "false"),
             (annotations::MAX_ATTEMPTS, " 5 "),
             (annotations::DEADLINE_SECONDS, "600"),
+            (annotations::STALL_SECONDS, "120"),
             ("unrelated.example.com/key", "anything"),
         ]);
         assert_eq!(
@@ -198,6 +206,7 @@ mod tests {
                 inherit_pod_spec: false,
                 max_attempts: Some(5),
                 deadline: Some(Duration::from_secs(600)),
+                stall_after: Some(Duration::from_secs(120)),
             })
         );
     }
@@ -207,6 +216,7 @@ mod tests {
     #[case::on_scale_up_cancel(annotations::ON_SCALE_UP, "cancel")]
     #[case::inherit_true(annotations::INHERIT_POD_SPEC, "true")]
     #[case::max_concurrent_one(annotations::MAX_CONCURRENT, "1")]
+    #[case::stall_seconds(annotations::STALL_SECONDS, "300")]
     fn accepts(#[case] annotation: &str, #[case] value: &str) {
         assert!(parse(&[(annotation, value)]).is_ok());
     }
@@ -223,6 +233,8 @@ mod tests {
     #[case::max_attempts_fraction(annotations::MAX_ATTEMPTS, "1.5")]
     #[case::deadline_zero(annotations::DEADLINE_SECONDS, "0")]
     #[case::deadline_with_unit(annotations::DEADLINE_SECONDS, "10m")]
+    #[case::stall_zero(annotations::STALL_SECONDS, "0")]
+    #[case::stall_with_unit(annotations::STALL_SECONDS, "5m")]
     fn rejects(#[case] annotation: &str, #[case] value: &str) {
         let error = parse(&[(annotation, value)]).unwrap_err();
         assert_eq!(error.reason(), "InvalidDrainAnnotation");

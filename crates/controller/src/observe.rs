@@ -10,7 +10,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::plan::{Blocker, Claim, DrainPhase, DrainPod, DrainRecord, PodKind, PodObs, Snapshot};
+use crate::plan::{
+    Blocker, Claim, DrainPhase, DrainPod, DrainProgress, DrainRecord, PodKind, PodObs, Snapshot,
+};
 use crate::status::StatusReport;
 
 pub use drain_api::names::{claim_set_candidates, parse_claim_name, parse_pod_name};
@@ -188,6 +190,26 @@ fn finished_at(pod: &Pod) -> Option<Timestamp> {
     latest.filter(|_| any)
 }
 
+/// The latest time any of the pod's containers started running, if one did.
+fn started_at(pod: &Pod) -> Option<Timestamp> {
+    container_statuses(pod)
+        .filter_map(|c| {
+            let state = c.state.as_ref()?;
+            let started = state
+                .running
+                .as_ref()
+                .and_then(|r| r.started_at.as_ref())
+                .or_else(|| {
+                    state
+                        .terminated
+                        .as_ref()
+                        .and_then(|t| t.started_at.as_ref())
+                })?;
+            Some(to_timestamp(started))
+        })
+        .max()
+}
+
 /// A drain pod, as the planner sees it.
 pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
     let meta = &pod.metadata;
@@ -239,6 +261,8 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             started,
             restarts,
             blocker: blocker(pod),
+            started_at: started_at(pod),
+            progress: annotation(meta, pod_annotations::PROGRESS).and_then(DrainProgress::parse),
         }),
     }
 }

@@ -33,6 +33,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::config::OnScaleUp;
+pub use drain_api::progress::DrainProgress;
 
 /// What an ordinal's claims remember about its drain (annotations on the claims, see
 /// [`drain_api::claim_annotations`]): all drain state lives in the cluster.
@@ -133,6 +134,10 @@ pub struct DrainPod {
     pub restarts: u32,
     /// Why it cannot start, if something says so.
     pub blocker: Option<Blocker>,
+    /// When its containers last started (the latest start of any container), if they did.
+    pub started_at: Option<Timestamp>,
+    /// The progress it publishes on itself, if it does.
+    pub progress: Option<DrainProgress>,
 }
 
 impl DrainPod {
@@ -223,6 +228,8 @@ pub struct Settings {
     pub max_attempts: Option<u32>,
     /// Time after the first attempt after which retrying stops.
     pub deadline: Option<Duration>,
+    /// A running drain pod whose progress has not changed this long is stalled.
+    pub stall_after: Option<Duration>,
     /// First retry delay; doubles per failed attempt.
     pub retry_base: Duration,
     /// Longest retry delay.
@@ -245,6 +252,7 @@ impl Default for Settings {
             on_scale_up: OnScaleUp::Cancel,
             max_attempts: None,
             deadline: None,
+            stall_after: None,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
             stuck_after: Duration::from_secs(300),
@@ -278,6 +286,8 @@ pub enum DeleteWhy {
     DeadlineExceeded,
     /// It is stuck (cannot start, or crash-loops).
     Stuck,
+    /// Its progress did not change for the set's stall time.
+    Stalled,
     /// It had not started and the drain template changed.
     TemplateChanged,
 }
@@ -291,6 +301,8 @@ pub enum FailureKind {
     Interrupted,
     /// The drain pod could not start or crash-looped.
     Stuck,
+    /// The drain pod's progress did not change for the set's stall time.
+    Stalled,
     /// The drain ran past the deadline.
     DeadlineExceeded,
     /// The drain pod disappeared before it finished.
@@ -420,6 +432,9 @@ pub enum OrdinalState {
     Draining {
         /// Attempt number (1 for the first).
         attempt: u32,
+        /// The progress the drain pod publishes, if it does.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        progress: Option<DrainProgress>,
     },
     /// The drain pod cannot start or crash-loops; it is replaced.
     Stuck {
@@ -943,6 +958,20 @@ impl<'a> Planner<'a> {
             }
             return Some(state);
         }
+        if let Some(reason) = self.stalled(drain) {
+            let state = if counted {
+                self.counted_state(&ord.record, &reason)
+            } else {
+                self.record_failure(
+                    ord,
+                    &pod.uid,
+                    FailureKind::Stalled,
+                    format!("stalled: {reason}"),
+                )
+            };
+            self.act(delete(DeleteWhy::Stalled, true));
+            return Some(state);
+        }
         if let NewDrains::Allowed { template_hash } = &self.settings.new_drains
             && !drain.started
             && drain
@@ -981,6 +1010,7 @@ impl<'a> Planner<'a> {
         }
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
+            progress: drain.progress.clone(),
         })
     }
 
@@ -1056,6 +1086,7 @@ impl<'a> Planner<'a> {
         self.requeue_at(wait_until);
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
+            progress: drain.progress.clone(),
         })
     }
 
@@ -1087,6 +1118,40 @@ impl<'a> Planner<'a> {
             return Some(blocker.unwrap_or_else(|| format!("not started after {after}")));
         }
         self.requeue_at(stuck_at);
+        None
+    }
+
+    /// Why a running drain pod is stalled, if the set asks for stall detection and it is:
+    /// its published progress (or, before any, its start) is older than the stall time.
+    /// Requeues at the time it would stall otherwise. The progress time is the drain pod's
+    /// clock; the stall time should be well above any clock skew between nodes.
+    fn stalled(&mut self, drain: &DrainPod) -> Option<String> {
+        let stall = self.settings.stall_after?;
+        if !drain.started {
+            return None;
+        }
+        let changed = drain
+            .progress
+            .as_ref()
+            .and_then(|p| p.changed_at.parse::<Timestamp>().ok());
+        let since = [changed, drain.started_at, drain.created_at]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(self.now);
+        let stalls_at = add(since, stall);
+        if stalls_at <= self.now {
+            let what = if changed.is_some() {
+                "progress"
+            } else {
+                "published progress"
+            };
+            return Some(format!(
+                "no {what} for {} (since {since})",
+                humantime::format_duration(stall)
+            ));
+        }
+        self.requeue_at(stalls_at);
         None
     }
 
@@ -1131,9 +1196,13 @@ impl<'a> Planner<'a> {
                 attempt,
                 new_series,
             });
-            self.plan
-                .status
-                .insert(o, OrdinalState::Draining { attempt });
+            self.plan.status.insert(
+                o,
+                OrdinalState::Draining {
+                    attempt,
+                    progress: None,
+                },
+            );
             if let Some(deadline) = self.deadline_of(&DrainRecord {
                 first_attempt_at: Some(record.first_attempt_at.unwrap_or(self.now)),
                 ..record

@@ -74,7 +74,13 @@ mod tests {
                     at: "2026-01-01T00:00:00Z".to_owned(),
                 },
             ),
-            (1, OrdinalState::Draining { attempt: 2 }),
+            (
+                1,
+                OrdinalState::Draining {
+                    attempt: 2,
+                    progress: None,
+                },
+            ),
             (
                 0,
                 OrdinalState::Failed {

@@ -79,7 +79,10 @@ impl StatusMemo {
             return None;
         }
         let mut set = cached.clone();
-        let annotations = set.metadata.annotations.get_or_insert_with(Default::default);
+        let annotations = set
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
         match &w.status {
             Some(status) => annotations.insert(annotations::STATUS.to_owned(), status.clone()),
             None => annotations.remove(annotations::STATUS),
@@ -117,7 +120,11 @@ mod tests {
     }
 
     fn status(s: &StatefulSet) -> Option<&str> {
-        s.metadata.annotations.as_ref()?.get(annotations::STATUS).map(String::as_str)
+        s.metadata
+            .annotations
+            .as_ref()?
+            .get(annotations::STATUS)
+            .map(String::as_str)
     }
 
     #[test]
@@ -144,7 +151,10 @@ mod tests {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", Some("done")));
         assert!(memo.overlay(&set("u", "120", Some("done"))).is_none());
-        assert!(memo.overlay(&set("u", "100", Some("old"))).is_none(), "entry dropped");
+        assert!(
+            memo.overlay(&set("u", "100", Some("old"))).is_none(),
+            "entry dropped"
+        );
 
         memo.remember(&set("u", "120", Some("done")));
         assert!(memo.overlay(&set("u", "130", Some("other"))).is_none());
@@ -160,7 +170,10 @@ mod tests {
         assert!(memo.overlay(&set("u", "not-a-number", None)).is_none());
 
         memo.remember(&set("u", "opaque", Some("done")));
-        assert!(memo.overlay(&set("u", "1", None)).is_none(), "not remembered");
+        assert!(
+            memo.overlay(&set("u", "1", None)).is_none(),
+            "not remembered"
+        );
     }
 
     #[test]

@@ -102,6 +102,7 @@ pub fn settings(
         on_scale_up: config.on_scale_up,
         max_attempts: config.max_attempts,
         deadline: config.deadline,
+        stall_after: config.stall_after,
         retry_base: flags.retry_base,
         retry_max: flags.retry_max,
         stuck_after: flags.stuck_after,

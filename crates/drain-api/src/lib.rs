@@ -24,6 +24,11 @@ pub mod annotations {
     pub const MAX_ATTEMPTS: &str = "statefulsets.kubernetes.io/drain-max-attempts";
     /// Seconds after the first attempt of an ordinal after which retrying stops (default unlimited).
     pub const DEADLINE_SECONDS: &str = "statefulsets.kubernetes.io/drain-deadline-seconds";
+    /// Seconds a running drain pod may go without its published progress
+    /// ([`pod_annotations::PROGRESS`](crate::pod_annotations::PROGRESS)) changing before the
+    /// controller takes it as stalled: a failed attempt (Warning `DrainStalled`), retried.
+    /// Default: no stall detection.
+    pub const STALL_SECONDS: &str = "statefulsets.kubernetes.io/drain-stall-seconds";
     /// Written by the controller on the StatefulSet: a JSON summary of every ordinal it tracks
     /// (waiting, draining, retrying, failed, done), for `kubectl get -o yaml` readers.
     pub const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
@@ -71,7 +76,13 @@ pub mod pod_annotations {
     /// Hash of the drain template the pod was built from (see
     /// [`claim_annotations::TEMPLATE_HASH`](crate::claim_annotations::TEMPLATE_HASH)).
     pub const TEMPLATE_HASH: &str = "statefulsets.kubernetes.io/drain-template-hash";
+    /// Written by the program in the drain pod on its own pod: its progress, as JSON
+    /// ([`progress::DrainProgress`](crate::progress::DrainProgress)). The controller copies it
+    /// into the set's status and measures stalls by it.
+    pub const PROGRESS: &str = "statefulsets.kubernetes.io/drain-progress";
 }
+
+pub mod progress;
 
 /// Labels the controller puts on each drain pod it creates.
 pub mod labels {

@@ -395,6 +395,7 @@ async fn giving_up_is_a_warning_on_the_set() {
 #[case::interrupted(FailureKind::Interrupted, "DrainInterrupted")]
 #[case::stuck(FailureKind::Stuck, "DrainStuck")]
 #[case::deadline(FailureKind::DeadlineExceeded, "DrainDeadlineExceeded")]
+#[case::stalled(FailureKind::Stalled, "DrainStalled")]
 fn each_kind_of_failure_has_its_event(#[case] kind: FailureKind, #[case] reason: &str) {
     let template = template();
     let ctx = ActCtx {

@@ -67,6 +67,8 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             started: phase != DrainPhase::Pending,
             restarts: 0,
             blocker: None,
+            started_at: (phase != DrainPhase::Pending).then(|| t(-90)),
+            progress: None,
         }),
     }
 }
@@ -219,7 +221,13 @@ fn orphaned_claim_gets_a_drain_pod() {
     let c = claim("data", 2);
     let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(0));
     assert_eq!(plan.actions, vec![create(2, &[&c], 1, Some(t(0)))]);
-    assert_eq!(plan.status[&2], OrdinalState::Draining { attempt: 1 });
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Draining {
+            attempt: 1,
+            progress: None
+        }
+    );
 }
 
 #[test]
@@ -275,7 +283,13 @@ fn a_running_drain_holds_the_only_slot() {
     let pods = vec![drain_pod(2, DrainPhase::Running, &[&c2])];
     let plan = plan(&snap(1, vec![c1, c2], pods), &settings(), t(0));
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
-    assert_eq!(plan.status[&2], OrdinalState::Draining { attempt: 1 });
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Draining {
+            attempt: 1,
+            progress: None
+        }
+    );
 }
 
 #[test]
@@ -1375,4 +1389,123 @@ fn a_foreign_pod_does_not_take_a_drain_slot() {
         t(0),
     );
     assert!(plan.actions.contains(&create(1, &[&c1], 1, Some(t(0)))));
+}
+
+// ---- progress and stalls -------------------------------------------------------------------
+
+fn progress(moved: u64, changed_at: Timestamp) -> DrainProgress {
+    DrainProgress {
+        records_moved: moved,
+        records_remaining: 10,
+        bytes_moved: moved * 100,
+        bytes_remaining: 1000,
+        changed_at: changed_at.to_string(),
+    }
+}
+
+fn stalls_after(secs: u64) -> Settings {
+    Settings {
+        stall_after: Some(Duration::from_secs(secs)),
+        ..settings()
+    }
+}
+
+fn running_with(c: &Claim, progress: Option<DrainProgress>) -> PodObs {
+    let mut pod = drain_pod(2, DrainPhase::Running, &[c]);
+    drain_of(&mut pod).progress = progress;
+    pod
+}
+
+#[test]
+fn published_progress_is_copied_into_the_status() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let p = progress(3, t(-5));
+    let pods = vec![running_with(&c, Some(p.clone()))];
+    let plan = plan(&snap(2, vec![c], pods), &stalls_after(60), t(0));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Draining {
+            attempt: 1,
+            progress: Some(p)
+        }
+    );
+    assert_eq!(
+        plan.requeue_after,
+        Some(Duration::from_secs(55)),
+        "looks again when it would stall"
+    );
+}
+
+#[rstest]
+#[case::progress_too_old(Some(-61), "stalled: no progress for 1m")]
+#[case::never_published_since_start(None, "stalled: no published progress for 1m")]
+fn a_drain_without_progress_for_the_stall_time_is_a_failed_attempt(
+    #[case] changed: Option<i64>,
+    #[case] reason_starts: &str,
+) {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = running_with(&c, changed.map(|s| progress(3, t(s))));
+    drain_of(&mut pod).started_at = Some(t(-80));
+    let plan = plan(&snap(2, vec![c], vec![pod]), &stalls_after(60), t(0));
+    assert_eq!(plan.actions.len(), 2, "{:?}", plan.actions);
+    match &plan.actions[0] {
+        Action::RecordFailure { kind, reason, .. } => {
+            assert_eq!(*kind, FailureKind::Stalled);
+            assert!(reason.starts_with(reason_starts), "{reason}");
+        }
+        other => panic!("expected RecordFailure, got {other:?}"),
+    }
+    assert_eq!(plan.actions[1], stop_pod(2, DeleteWhy::Stalled));
+    assert!(matches!(plan.status[&2], OrdinalState::Retrying { .. }));
+}
+
+#[test]
+fn recent_progress_or_a_recent_start_is_no_stall() {
+    let c = with_record(claim("data", 2), running_record(2));
+    // Progress is old but the container restarted recently: measured from the restart.
+    let mut pod = running_with(&c, Some(progress(3, t(-500))));
+    drain_of(&mut pod).started_at = Some(t(-10));
+    let plan1 = plan(
+        &snap(2, vec![c.clone()], vec![pod]),
+        &stalls_after(60),
+        t(0),
+    );
+    assert!(plan1.actions.is_empty(), "{:?}", plan1.actions);
+    // Without the annotation on the set, nothing is ever a stall.
+    let pod = running_with(&c, Some(progress(3, t(-5000))));
+    let plan2 = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+    assert!(plan2.actions.is_empty(), "{:?}", plan2.actions);
+    // A pod that has not started is the stuck rule's business, not the stall rule's.
+    let pending = drain_pod(2, DrainPhase::Pending, &[&c]);
+    let plan3 = plan(&snap(2, vec![c], vec![pending]), &stalls_after(1), t(0));
+    assert!(plan3.actions.is_empty(), "{:?}", plan3.actions);
+}
+
+#[test]
+fn a_stall_counts_against_max_attempts() {
+    let record = DrainRecord {
+        attempts: 2,
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let pod = running_with(&c, Some(progress(3, t(-100))));
+    let settings = Settings {
+        max_attempts: Some(3),
+        ..stalls_after(60)
+    };
+    let plan = plan(&snap(2, vec![c], vec![pod]), &settings, t(0));
+    assert!(
+        matches!(
+            &plan.actions[0],
+            Action::RecordFailure {
+                gave_up: true,
+                kind: FailureKind::Stalled,
+                ..
+            }
+        ),
+        "{:?}",
+        plan.actions
+    );
+    assert!(matches!(plan.status[&2], OrdinalState::Failed { .. }));
 }
