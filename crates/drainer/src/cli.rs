@@ -159,11 +159,23 @@ pub struct RedistributeArgs {
     #[arg(long, env = "DRAINER_ROUND_DELAY", default_value = "2s", value_parser = parse_duration)]
     pub round_delay: Duration,
 
-    /// Timeout of one PUT.
-    #[arg(long, env = "DRAINER_REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    pub request_timeout: Duration,
+    /// A PUT fails (and is retried) when no byte moved and no answer came for this long. There
+    /// is no total timeout: a big record on a slow link is fine, a stuck peer is not.
+    #[arg(long, env = "DRAINER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
 
-    /// Interval between progress log lines.
+    /// Accept a data directory that is not a mount point, for layouts where the claim is
+    /// mounted above it. Without it, a data directory that is not where a volume is mounted
+    /// fails the drain (an empty or wrong directory would otherwise look drained).
+    #[arg(long, env = "DRAINER_ALLOW_UNMOUNTED_DATA_DIR")]
+    pub allow_unmounted_data_dir: bool,
+
+    /// Do not publish progress on the drain pod (the `drain-progress` annotation, which needs
+    /// `patch` on pods).
+    #[arg(long, env = "DRAINER_NO_PROGRESS_ANNOTATION")]
+    pub no_progress_annotation: bool,
+
+    /// Interval between progress log lines and progress annotation updates.
     #[arg(long, env = "DRAINER_PROGRESS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub progress_interval: Duration,
 }
@@ -171,27 +183,36 @@ pub struct RedistributeArgs {
 /// Options of `drainer exec`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ExecArgs {
-    /// Directory of the drained claim, passed to the command as `DRAIN_DATA_DIR`.
+    /// Directory of the drained claim, passed to the command as `DRAIN_DATA_DIR`. It must be
+    /// where the claim is mounted (as for `redistribute`), or the hook is not run.
     #[arg(long, env = "DRAINER_DATA_DIR", default_value = "/data")]
     pub data_dir: PathBuf,
+
+    /// Accept a data directory that is not a mount point (the claim is mounted above it, or
+    /// the hook does not use the data directory).
+    #[arg(long, env = "DRAINER_ALLOW_UNMOUNTED_DATA_DIR")]
+    pub allow_unmounted_data_dir: bool,
 
     /// Peers.
     #[command(flatten)]
     pub peers: PeerArgs,
 
-    /// Do not discover peers: `DRAIN_PEERS` is empty.
+    /// Do not discover peers: the command runs with `DRAIN_PEERS_STATUS=disabled` and the peer
+    /// variables empty. Without it the command only runs once discovery worked, which needs the
+    /// drain context and the Kubernetes API.
     #[arg(long, env = "DRAINER_NO_PEERS")]
     pub no_peers: bool,
 
-    /// Reruns at most when the command exits 75 (then the drainer fails).
+    /// Retries at most when the command exits 75 or peer discovery fails (then the drainer
+    /// fails).
     #[arg(long, env = "DRAINER_MAX_RETRIES", default_value_t = 10)]
     pub max_retries: u32,
 
-    /// Delay before the first rerun (doubles each time), such as `1s` or `500ms`.
+    /// Delay before the first retry (doubles each time), such as `1s` or `500ms`.
     #[arg(long, env = "DRAINER_RETRY_BASE_DELAY", default_value = "1s", value_parser = parse_duration)]
     pub retry_base_delay: Duration,
 
-    /// Longest delay between reruns.
+    /// Longest delay between retries.
     #[arg(long, env = "DRAINER_RETRY_MAX_DELAY", default_value = "5m", value_parser = parse_duration)]
     pub retry_max_delay: Duration,
 

@@ -8,12 +8,21 @@
 //!   [`FAILURE`](drain_api::exit_codes::FAILURE);
 //! - anything else: the drainer exits with that code (the pod fails, the controller retries it).
 //!
-//! SIGTERM and SIGINT received by the drainer are forwarded to the command's process group; after
-//! one, the command is not run again and the drainer exits with the command's code.
+//! Peers are discovered again before each run, and [`env::PEERS_STATUS`] tells the command what
+//! came of it: `found` (the set has other members), `none` (discovery worked and the set has no
+//! other members), or `disabled` (`--no-peers`: no discovery, the peer variables are empty). If
+//! discovery *fails* (no Kubernetes API, missing RBAC, an API error), the command is **not** run:
+//! a command that ignored the peer variables would otherwise report success without having moved
+//! anything, and the controller would delete the claim. The failed discovery counts as an attempt
+//! asking for a retry, with the same backoff and limit as exit code `75`; when no retries are
+//! left the drainer fails with [`HookError::DiscoveryFailed`].
 //!
-//! Peers are discovered again before each run. If discovery is impossible or fails (`--no-peers`,
-//! no Kubernetes API, missing RBAC), the drainer logs why and runs the command with `DRAIN_PEERS`
-//! empty rather than failing: the command decides whether it needs peers.
+//! SIGTERM and SIGINT received by the drainer are forwarded to the command's process group; after
+//! one, the command is not run again and the drainer exits with the command's code. A signal
+//! while no command runs (during discovery or a backoff) ends the drainer at once with `128 + N`.
+//!
+//! The command's orphaned background processes are reaped by [`crate::reaper`]; [`run`] tells it
+//! which process is the command's own through a [`ChildPid`].
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -24,34 +33,80 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use drain_api::exit_codes;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
-use crate::peers::{Peer, PeerSource};
+use crate::peers::{Peer, PeerSet, PeerSource, PeersError};
+use crate::reaper::ChildPid;
 
 /// Environment variables the drainer adds for the command (besides the controller's `DRAIN_*`).
 pub mod env {
     /// The data directory (`--data-dir`).
     pub const DATA_DIR: &str = "DRAIN_DATA_DIR";
     /// Comma-separated base URLs of the Ready peers (`http://10.0.0.7:8080,...`), ordered by
-    /// ordinal; empty if discovery was off or failed.
+    /// ordinal; empty if there are none or discovery is disabled.
     pub const PEERS: &str = "DRAIN_PEERS";
     /// Comma-separated ordinals of the same peers, in the same order.
     pub const PEER_ORDINALS: &str = "DRAIN_PEER_ORDINALS";
     /// Comma-separated ordinals of the set's live members except the drained one (Ready or
     /// not): the owners to place keys among with `placement::owner`.
     pub const MEMBER_ORDINALS: &str = "DRAIN_MEMBER_ORDINALS";
-    /// Which run of the command this is, from 1.
+    /// What peer discovery found, one of [`PeersStatus`](super::PeersStatus): `found`, `none`
+    /// or `disabled`.
+    pub const PEERS_STATUS: &str = "DRAIN_PEERS_STATUS";
+    /// Which run of the command this is, from 1 (attempts whose discovery failed, when the
+    /// command was not run, do not count).
     pub const ATTEMPT: &str = "DRAIN_HOOK_ATTEMPT";
 }
 
-/// When to run the command again after it exits with [`exit_codes::RETRY`].
+/// The value of [`env::PEERS_STATUS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeersStatus {
+    /// `found`: discovery worked and the set has members besides the drained ordinal
+    /// (`DRAIN_MEMBER_ORDINALS` is not empty; `DRAIN_PEERS` may still be, if none is Ready).
+    Found,
+    /// `none`: discovery worked and the set has no other members (it is being scaled to zero).
+    NoMembers,
+    /// `disabled`: `--no-peers`; there was no discovery and the peer variables are empty.
+    Disabled,
+}
+
+impl PeersStatus {
+    /// The status of a discovered set.
+    pub fn of(set: &PeerSet) -> Self {
+        if set.members.is_empty() {
+            Self::NoMembers
+        } else {
+            Self::Found
+        }
+    }
+
+    /// The text the command sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Found => "found",
+            Self::NoMembers => "none",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// Whether and how peers are discovered before each run.
+#[derive(Clone, Debug)]
+pub enum Discovery<P> {
+    /// `--no-peers`: the command runs with [`PeersStatus::Disabled`] and empty peer variables.
+    Disabled,
+    /// Discover from this source; the command runs only when that works.
+    Source(P),
+}
+
+/// When to run the command again after it exits with [`exit_codes::RETRY`] or discovery fails.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Reruns at most, after the first run.
+    /// Retries at most, after the first attempt.
     pub max_retries: usize,
-    /// Delay before the first rerun; doubles each time.
+    /// Delay before the first retry; doubles each time.
     pub base_delay: Duration,
-    /// Longest delay between runs.
+    /// Longest delay between attempts.
     pub max_delay: Duration,
 }
 
@@ -62,8 +117,54 @@ pub struct Hook {
     pub command: Vec<OsString>,
     /// Variables set for the command on top of the drainer's own environment.
     pub env: Vec<(String, String)>,
-    /// Reruns.
+    /// Retries.
     pub retry: RetryPolicy,
+}
+
+/// Where SIGTERM and SIGINT come from: this process's signals, or a channel (tests).
+#[derive(Debug)]
+pub struct Signals(SignalSource);
+
+#[derive(Debug)]
+enum SignalSource {
+    Os {
+        term: tokio::signal::unix::Signal,
+        int: tokio::signal::unix::Signal,
+    },
+    Channel(mpsc::UnboundedReceiver<Signal>),
+}
+
+impl Signals {
+    /// This process's SIGTERM and SIGINT (from now on they no longer end the process by
+    /// themselves). Needs a tokio runtime.
+    pub fn os() -> Result<Self, HookError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate()).map_err(HookError::Signals)?;
+        let int = signal(SignalKind::interrupt()).map_err(HookError::Signals)?;
+        Ok(Self(SignalSource::Os { term, int }))
+    }
+
+    /// Signals sent through the returned sender instead of the process's own.
+    pub fn channel() -> (mpsc::UnboundedSender<Signal>, Self) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (sender, Self(SignalSource::Channel(receiver)))
+    }
+
+    /// The next signal; never ready once no more can come.
+    pub async fn recv(&mut self) -> Signal {
+        let received = match &mut self.0 {
+            SignalSource::Os { term, int } => tokio::select! {
+                Some(()) = term.recv() => Some(Signal::SIGTERM),
+                Some(()) = int.recv() => Some(Signal::SIGINT),
+                else => None,
+            },
+            SignalSource::Channel(receiver) => receiver.recv().await,
+        };
+        match received {
+            Some(signal) => signal,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// Errors of hook mode.
@@ -94,10 +195,22 @@ pub enum HookError {
     #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
     /// The command kept asking to be retried.
-    #[error("command still asked for a retry (exit code {code}) after {attempts} runs", code = exit_codes::RETRY)]
+    #[error("command still asked for a retry (exit code {code}) after {attempts} attempts", code = exit_codes::RETRY)]
     RetriesExhausted {
-        /// Runs made.
+        /// Attempts made.
         attempts: usize,
+    },
+    /// Peer discovery failed on the last attempt allowed, so the command was not run then.
+    #[error(
+        "peer discovery failed on attempt {attempts}, the last allowed, so the command was not \
+         run (pass --no-peers if it does not need peers)"
+    )]
+    DiscoveryFailed {
+        /// Attempts made.
+        attempts: usize,
+        /// The last discovery error.
+        #[source]
+        source: PeersError,
     },
 }
 
@@ -110,118 +223,194 @@ impl HookError {
             Self::Wait { .. } => "WaitHook",
             Self::Signals(_) => "Signals",
             Self::RetriesExhausted { .. } => "RetriesExhausted",
+            Self::DiscoveryFailed { .. } => "DiscoveryFailed",
         }
     }
 }
 
-/// Runs `hook` until it succeeds, fails, or runs out of retries; returns the exit code the
-/// drainer should exit with.
-pub async fn run<P: PeerSource>(hook: &Hook, peers: &P) -> Result<i32, HookError> {
+/// Why an attempt did not finish the drain and may be retried.
+enum Retry {
+    /// The command exited [`exit_codes::RETRY`].
+    Asked,
+    /// Discovery failed; the command was not run.
+    Discovery(PeersError),
+}
+
+/// How the command ended.
+struct Exit {
+    /// Its exit code, or `128 + N` if a signal ended it.
+    code: i32,
+    /// Whether the drainer received a signal while it ran (and forwarded it if it could).
+    signalled: bool,
+}
+
+/// Runs `hook` until it succeeds, fails, runs out of retries or a signal stops the drainer;
+/// returns the exit code the drainer should exit with. `discovery` says where peers come from;
+/// `signals` are forwarded to the command while it runs and stop the drainer otherwise; the
+/// command's pid is published in `running` for the [reaper](crate::reaper) while it runs.
+pub async fn run<P: PeerSource>(
+    hook: &Hook,
+    discovery: &Discovery<P>,
+    signals: &mut Signals,
+    running: &ChildPid,
+) -> Result<i32, HookError> {
     let (program, args) = hook.command.split_first().ok_or(HookError::NoCommand)?;
-    let mut term = signal(SignalKind::terminate()).map_err(HookError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(HookError::Signals)?;
     let mut delays = ExponentialBuilder::default()
         .with_min_delay(hook.retry.base_delay)
         .with_max_delay(hook.retry.max_delay.max(hook.retry.base_delay))
         .with_max_times(hook.retry.max_retries)
         .build();
     let mut attempt = 0usize;
+    let mut runs = 0usize;
     loop {
         attempt += 1;
-        let peer_env = peer_env(peers).await;
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .envs(hook.env.iter().map(|(k, v)| (k, v)))
-            .envs(peer_env)
-            .env(env::ATTEMPT, attempt.to_string())
-            .stdin(Stdio::null())
-            // Own process group, so a forwarded signal reaches the command's children too.
-            .process_group(0)
-            .kill_on_drop(true);
-        tracing::info!(attempt, command = ?hook.command, "running hook");
-        let mut child = command.spawn().map_err(|source| HookError::Spawn {
-            program: program.clone(),
-            source,
-        })?;
-        let mut forwarded = None;
-        let status = loop {
-            tokio::select! {
-                status = child.wait() => break status.map_err(|source| HookError::Wait {
-                    program: program.clone(),
-                    source,
-                })?,
-                _ = term.recv() => forwarded = forward(&child, Signal::SIGTERM).or(forwarded),
-                _ = int.recv() => forwarded = forward(&child, Signal::SIGINT).or(forwarded),
+        let peer_env = match discovery {
+            Discovery::Disabled => Ok(disabled_env()),
+            Discovery::Source(source) => tokio::select! {
+                found = source.discover() => found.map(|set| peer_env(&set)),
+                signal = signals.recv() => return Ok(stopped(signal, attempt)),
+            },
+        };
+        let retry = match peer_env {
+            Ok(peer_env) => {
+                runs += 1;
+                let mut command = tokio::process::Command::new(program);
+                command
+                    .args(args)
+                    .envs(hook.env.iter().map(|(k, v)| (k, v)))
+                    .envs(peer_env)
+                    .env(env::ATTEMPT, runs.to_string());
+                tracing::info!(attempt, run = runs, command = ?hook.command, "running hook");
+                let exit = run_command(command, program, signals, running).await?;
+                tracing::info!(attempt, code = exit.code, "hook exited");
+                if exit.code != exit_codes::RETRY || exit.signalled {
+                    return Ok(exit.code);
+                }
+                Retry::Asked
             }
+            Err(e) => Retry::Discovery(e),
         };
-        let code = exit_code(status);
-        tracing::info!(attempt, code, "hook exited");
-        if code != exit_codes::RETRY || forwarded.is_some() {
-            return Ok(code);
-        }
         let Some(delay) = delays.next() else {
-            return Err(HookError::RetriesExhausted { attempts: attempt });
+            return Err(match retry {
+                Retry::Asked => HookError::RetriesExhausted { attempts: attempt },
+                Retry::Discovery(source) => HookError::DiscoveryFailed {
+                    attempts: attempt,
+                    source,
+                },
+            });
         };
-        tracing::warn!(attempt, retry_in = ?delay, "hook asked for a retry");
+        match &retry {
+            Retry::Asked => tracing::warn!(attempt, retry_in = ?delay, "hook asked for a retry"),
+            Retry::Discovery(e) => tracing::warn!(
+                attempt,
+                retry_in = ?delay,
+                reason = e.reason(),
+                error = %crate::error_chain(e),
+                "peer discovery failed, not running the hook without peers"
+            ),
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            _ = term.recv() => return Ok(signal_exit_code(Signal::SIGTERM)),
-            _ = int.recv() => return Ok(signal_exit_code(Signal::SIGINT)),
+            signal = signals.recv() => return Ok(stopped(signal, attempt)),
         }
     }
 }
 
-/// `DRAIN_PEERS`, `DRAIN_PEER_ORDINALS` and `DRAIN_MEMBER_ORDINALS` from a fresh discovery, or
-/// all empty (with a log line saying why) if discovery fails.
-async fn peer_env<P: PeerSource>(peers: &P) -> [(&'static str, String); 3] {
-    match peers.discover().await {
-        Ok(set) => {
-            let ready: Vec<&Peer> = set.ready.values().collect();
-            tracing::info!(
-                peers = ?ready.iter().map(|p| p.base_url()).collect::<Vec<_>>(),
-                members = ?set.members,
-                "discovered peers"
-            );
-            [
-                (env::PEERS, join(ready.iter().map(|p| p.base_url()))),
-                (env::PEER_ORDINALS, join(ready.iter().map(|p| p.ordinal))),
-                (env::MEMBER_ORDINALS, join(set.members.iter())),
-            ]
-        }
-        Err(e) => {
-            tracing::warn!(
-                reason = e.reason(),
-                error = %crate::error_chain(&e),
-                "no peer discovery, running the hook with DRAIN_PEERS empty"
-            );
-            [
-                (env::PEERS, String::new()),
-                (env::PEER_ORDINALS, String::new()),
-                (env::MEMBER_ORDINALS, String::new()),
-            ]
-        }
+/// Starts `command` in its own process group and waits for it, forwarding signals to the group.
+async fn run_command(
+    mut command: tokio::process::Command,
+    program: &OsString,
+    signals: &mut Signals,
+    running: &ChildPid,
+) -> Result<Exit, HookError> {
+    command
+        .stdin(Stdio::null())
+        // Own process group, so a forwarded signal reaches the command's children too.
+        .process_group(0)
+        .kill_on_drop(true);
+    // Until the guard drops (after tokio collected the exit status), the reaper leaves the
+    // command's process alone.
+    let guard = running.spawning();
+    let mut child = command.spawn().map_err(|source| HookError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    if let Some(pid) = child.id() {
+        guard.set(pid);
     }
+    let mut signalled = false;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status.map_err(|source| HookError::Wait {
+                program: program.clone(),
+                source,
+            })?,
+            signal = signals.recv() => {
+                signalled = true;
+                forward(&child, signal);
+            }
+        }
+    };
+    drop(guard);
+    Ok(Exit {
+        code: exit_code(status),
+        signalled,
+    })
+}
+
+/// `DRAIN_PEERS`, `DRAIN_PEER_ORDINALS`, `DRAIN_MEMBER_ORDINALS` and `DRAIN_PEERS_STATUS` of a
+/// discovered set.
+fn peer_env(set: &PeerSet) -> [(&'static str, String); 4] {
+    let ready: Vec<&Peer> = set.ready.values().collect();
+    let status = PeersStatus::of(set);
+    tracing::info!(
+        peers = ?ready.iter().map(|p| p.base_url()).collect::<Vec<_>>(),
+        members = ?set.members,
+        status = status.as_str(),
+        "discovered peers"
+    );
+    [
+        (env::PEERS, join(ready.iter().map(|p| p.base_url()))),
+        (env::PEER_ORDINALS, join(ready.iter().map(|p| p.ordinal))),
+        (env::MEMBER_ORDINALS, join(set.members.iter())),
+        (env::PEERS_STATUS, status.as_str().to_owned()),
+    ]
+}
+
+/// The peer variables with discovery disabled: all empty, status `disabled`.
+fn disabled_env() -> [(&'static str, String); 4] {
+    [
+        (env::PEERS, String::new()),
+        (env::PEER_ORDINALS, String::new()),
+        (env::MEMBER_ORDINALS, String::new()),
+        (env::PEERS_STATUS, PeersStatus::Disabled.as_str().to_owned()),
+    ]
 }
 
 fn join<T: ToString>(items: impl Iterator<Item = T>) -> String {
     items.map(|i| i.to_string()).collect::<Vec<_>>().join(",")
 }
 
-/// Sends `sig` to the child's process group; returns the signal if it was sent.
-fn forward(child: &tokio::process::Child, sig: Signal) -> Option<Signal> {
-    let pid = child.id()?;
-    let pgid = Pid::from_raw(i32::try_from(pid).ok()?);
+/// Sends `sig` to the child's process group (logging the outcome).
+fn forward(child: &tokio::process::Child, sig: Signal) {
+    let Some(pid) = child.id() else {
+        return;
+    };
+    let Ok(pgid) = i32::try_from(pid).map(Pid::from_raw) else {
+        return;
+    };
     match killpg(pgid, sig) {
-        Ok(()) => {
-            tracing::info!(signal = %sig, pid, "forwarded signal to hook");
-            Some(sig)
-        }
+        Ok(()) => tracing::info!(signal = %sig, pid, "forwarded signal to hook"),
         Err(e) => {
             tracing::warn!(signal = %sig, pid, error = %e, "failed to forward signal to hook");
-            None
         }
     }
+}
+
+/// Logs a stop by `sig` while no command runs; returns `128 + sig`.
+fn stopped(sig: Signal, attempt: usize) -> i32 {
+    tracing::warn!(signal = %sig, attempt, "stopping; the hook is not run again");
+    signal_exit_code(sig)
 }
 
 /// The code a shell would report: the exit code, or 128 + the signal that ended the process.
@@ -234,4 +423,22 @@ fn exit_code(status: ExitStatus) -> i32 {
 
 fn signal_exit_code(sig: Signal) -> i32 {
     128 + sig as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_of_a_discovered_set() {
+        assert_eq!(PeersStatus::of(&PeerSet::default()), PeersStatus::NoMembers);
+        let not_ready = PeerSet {
+            members: vec![0],
+            ..Default::default()
+        };
+        assert_eq!(PeersStatus::of(&not_ready), PeersStatus::Found);
+        assert_eq!(PeersStatus::Found.as_str(), "found");
+        assert_eq!(PeersStatus::NoMembers.as_str(), "none");
+        assert_eq!(PeersStatus::Disabled.as_str(), "disabled");
+    }
 }

@@ -6,15 +6,17 @@
 //! deletes the claims), [`FAILURE`](drain_api::exit_codes::FAILURE) when it failed (nothing
 //! unacknowledged was deleted; the controller retries the pod), or the hook's own code.
 
+pub mod claim_mount;
 pub mod cli;
 pub mod hook;
 pub mod logging;
 pub mod peers;
 pub mod placement;
+pub mod reaper;
 pub mod redistribute;
 
 use cli::{Args, Command, DrainContext, ExecArgs, PeerArgs, RedistributeArgs};
-use peers::{Addressing, KubePeers, Target, Unavailable};
+use peers::{Addressing, KubePeers, Target};
 
 /// Errors that end the drainer with [`FAILURE`](drain_api::exit_codes::FAILURE).
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +28,30 @@ pub enum Error {
         flag: &'static str,
         /// Its environment variable.
         env: &'static str,
+    },
+    /// Hook mode discovers peers, but a context value discovery needs is not set; the hook was
+    /// not run.
+    #[error(
+        "missing --{flag} (environment variable {env}) to discover the hook's peers, so the hook \
+         was not run (pass --no-peers if it does not need peers)"
+    )]
+    MissingPeerContext {
+        /// The flag.
+        flag: &'static str,
+        /// Its environment variable.
+        env: &'static str,
+    },
+    /// The data directory is not the drained claim as the set's pods mount it.
+    #[error("the data directory is not the drained claim")]
+    ClaimMount(#[from] claim_mount::MountError),
+    /// The drain pod or its set could not be read to check the data directory.
+    #[error("failed to read {what} to check that the data directory is the drained claim")]
+    ReadForMountCheck {
+        /// What (`pod ns/name`, `statefulset ns/name`).
+        what: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
     },
     /// Built-in redistribution failed.
     #[error("redistribution failed")]
@@ -42,7 +68,9 @@ impl Error {
     /// A short category for logs.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::MissingContext { .. } => "MissingContext",
+            Self::ClaimMount(_) => "ClaimMount",
+            Self::ReadForMountCheck { .. } => "ReadForMountCheck",
+            Self::MissingContext { .. } | Self::MissingPeerContext { .. } => "MissingContext",
             Self::Redistribute(e) => e.reason(),
             Self::Hook(e) => e.reason(),
             Self::Signals(_) => "Signals",
@@ -68,16 +96,28 @@ pub async fn run(args: Args) -> Result<i32, Error> {
 
 async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Result<i32, Error> {
     let source = KubePeers::new(target(drain, &args.peers)?);
+    // The local check first (no API needed), then the drain pod's spec against the set's.
+    redistribute::check_data_dir(&args.data_dir, args.allow_unmounted_data_dir)?;
+    if !args.allow_unmounted_data_dir {
+        verify_claim_mount(drain, &args.data_dir).await?;
+    }
+    let progress = if args.no_progress_annotation {
+        None
+    } else {
+        progress_publisher(drain).await
+    };
     let options = redistribute::Options {
         data_dir: args.data_dir,
+        allow_unmounted: args.allow_unmounted_data_dir,
         concurrency: args.concurrency as usize,
         max_rate: args.max_rate,
         put_retries: args.put_retries as usize,
         put_retry_delay: args.put_retry_delay,
         max_rounds: args.max_rounds as usize,
         round_delay: args.round_delay,
-        request_timeout: args.request_timeout,
+        idle_timeout: args.idle_timeout,
         progress_interval: args.progress_interval,
+        progress,
     };
     // On SIGTERM/SIGINT (the drain pod deleted, evicted, or its node drained) stop at once:
     // dropping the run cancels the PUTs in flight, and a file is deleted only after its PUT was
@@ -92,10 +132,74 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
     tracing::info!(
         records = summary.records,
         bytes = summary.bytes,
+        already_there = summary.already_there,
+        skipped = ?summary.skipped,
         rounds = summary.rounds,
         "drain done"
     );
     Ok(drain_api::exit_codes::SUCCESS)
+}
+
+/// In a drain pod (the context names the pod, its set and namespace), checks with
+/// [`claim_mount::check`] that the data directory is the drained claim mounted like the set's
+/// pods mount it. Outside one there is nothing to compare with, and without API access (no
+/// credentials, or RBAC that does not grant `get` on the pod and the set) the check is skipped
+/// with a warning: the mount-point check remains. Other API errors fail the attempt (retried).
+async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Result<(), Error> {
+    let (Some(ns), Some(pod), Some(set)) = (&drain.namespace, &drain.pod_name, &drain.statefulset)
+    else {
+        tracing::info!("not in a drain pod (no pod name, set or namespace): volume checks skipped");
+        return Ok(());
+    };
+    let skip = |e: &dyn std::error::Error| {
+        tracing::warn!(
+            error = %error_chain(e),
+            "cannot read the drain pod and its statefulset, so the data directory's volumeMount              (subPath) is not compared with the set's; grant get on pods and statefulsets to check it"
+        );
+        Ok(())
+    };
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(e) => return skip(&e),
+    };
+    let denied =
+        |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403);
+    let read = |what: String| move |source| Error::ReadForMountCheck { what, source };
+    let pod_obj = match kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .get(pod)
+        .await
+    {
+        Err(e) if denied(&e) => return skip(&e),
+        other => other.map_err(read(format!("pod {ns}/{pod}")))?,
+    };
+    let set_obj = match kube::Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client, ns)
+        .get(set)
+        .await
+    {
+        Err(e) if denied(&e) => return skip(&e),
+        other => other.map_err(read(format!("statefulset {ns}/{set}")))?,
+    };
+    let mount = claim_mount::check(&pod_obj, &set_obj, dir)?;
+    tracing::info!(data_dir = %dir.display(), claim = %mount.claim, volume = %mount.volume, sub_path = ?mount.sub_path, "data directory is the drained claim");
+    Ok(())
+}
+
+/// Publishes progress on this drain pod when the context names it and a client can be built.
+async fn progress_publisher(drain: &DrainContext) -> Option<redistribute::PodAnnotator> {
+    let (Some(ns), Some(pod)) = (&drain.namespace, &drain.pod_name) else {
+        tracing::info!("no pod name or namespace in the drain context; progress is only logged");
+        return None;
+    };
+    match kube::Client::try_default().await {
+        Ok(client) => Some(redistribute::PodAnnotator::new(
+            kube::Api::namespaced(client, ns),
+            pod.clone(),
+        )),
+        Err(e) => {
+            tracing::warn!(error = %error_chain(&e), "no kubernetes client; progress is only logged");
+            None
+        }
+    }
 }
 
 /// Logs a stop by signal and returns the conventional exit code (128 + signal number).
@@ -107,7 +211,24 @@ fn stopped(signal: &str, number: i32) -> i32 {
     128 + number
 }
 
+/// Hook mode. Without `--no-peers` a missing drain context fails at once (it cannot appear
+/// later, so retrying would only delay the failure); failed discoveries are retried by
+/// [`hook::run`]. The drainer reaps the orphans the hook leaves ([`reaper`]).
 async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {
+    // A hook told to drain a directory that is not the claim would succeed on nothing.
+    redistribute::check_data_dir(&args.data_dir, args.allow_unmounted_data_dir)?;
+    if !args.allow_unmounted_data_dir {
+        verify_claim_mount(drain, &args.data_dir).await?;
+    }
+    let discovery = if args.no_peers {
+        hook::Discovery::Disabled
+    } else {
+        let target = target(drain, &args.peers).map_err(|e| match e {
+            Error::MissingContext { flag, env } => Error::MissingPeerContext { flag, env },
+            other => other,
+        })?;
+        hook::Discovery::Source(KubePeers::new(target))
+    };
     let mut env = drain.env_vars();
     env.push((
         hook::env::DATA_DIR.to_owned(),
@@ -122,19 +243,18 @@ async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {
             max_delay: args.retry_max_delay,
         },
     };
-    let code = if args.no_peers {
-        let reason = "--no-peers is set".to_owned();
-        hook::run(&hook, &Unavailable { reason }).await?
-    } else {
-        match target(drain, &args.peers) {
-            Ok(target) => hook::run(&hook, &KubePeers::new(target)).await?,
-            Err(e) => {
-                let reason = e.to_string();
-                hook::run(&hook, &Unavailable { reason }).await?
-            }
-        }
-    };
-    Ok(code)
+    let mut signals = hook::Signals::os()?;
+    let running = reaper::ChildPid::default();
+    let _reaper = reaper::Reaper::start(running.clone())
+        .inspect_err(|e| {
+            tracing::warn!(
+                reason = e.reason(),
+                error = %error_chain(e),
+                "not reaping orphaned processes of the hook"
+            );
+        })
+        .ok();
+    Ok(hook::run(&hook, &discovery, &mut signals, &running).await?)
 }
 
 /// The discovery target from the drain's context.

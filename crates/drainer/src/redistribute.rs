@@ -1,47 +1,61 @@
 //! Built-in mode: moves every record file of the data directory to the peer that owns its key.
 //!
-//! The data directory holds one file per record, named after its key (the datastore's format);
-//! names starting with `.` are unfinished writes and are ignored, and so is a `lost+found`
-//! directory. Each record is `PUT` to `<owner>/records/<key>`, the owner being
-//! [`placement::owner`](crate::placement::owner) over the set's live members, and its local file
-//! is deleted only after the owner acknowledged it with a `2xx` (a durable write).
+//! The data directory holds one file per record, named after its key (the datastore's format).
+//! It must be the drained claim's mount point ([`records::check_data_dir`]): an empty directory
+//! that is not the claim would otherwise "succeed" and the controller would delete the claim.
+//! Names starting with `.` (unfinished writes) and a `lost+found` directory are skipped, and
+//! listed in the log and the [`Summary`].
 //!
-//! Restart-safe: a rerun lists the files still there and sends them again. A file that was sent
-//! but not yet deleted is sent twice, which overwrites the same key with the same bytes: nothing
-//! is duplicated and nothing is lost. The same holds inside one run, which works in *rounds*:
-//! when an owner is not Ready or stops answering, its records wait, peers are discovered again
-//! after a backoff, and the next round retries what is left.
+//! Each record is streamed to `<owner>/records/<key>` as a create-only `PUT`
+//! (`If-None-Match: *`; see [`transfer`] for the peer contract), the owner being
+//! [`placement::owner`](crate::placement::owner) over the set's live members. Its local file is
+//! deleted only after the owner stored it (`200`/`201`/`204`) or already held the key (`412`:
+//! clients wrote a newer value there after the scale-down, or an earlier attempt delivered it).
+//! The drain never overwrites a value on a peer.
+//!
+//! Restart-safe: a rerun lists the files still there and sends them again; one that was
+//! delivered but not yet deleted gets `412` and is deleted. The same holds inside one run,
+//! which works in *rounds*: when an owner is not Ready or stops answering, its records wait,
+//! peers are discovered again after a backoff, and the next round retries what is left.
 //!
 //! [`Options::max_rate`] caps how many `PUT`s start per second, across all concurrent ones, so
-//! a drain does not overload the remaining pods.
+//! a drain does not overload the remaining pods. Progress is logged and, in a drain pod,
+//! published on the pod ([`PodAnnotator`]).
+
+mod progress;
+mod rate;
+pub mod records;
+pub mod transfer;
 
 use std::collections::HashSet;
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
-use bytes::Bytes;
 use futures::StreamExt;
-use reqwest::StatusCode;
-use url::Url;
 
 use crate::peers::{Peer, PeerSet, PeerSource, PeersError};
+pub use progress::PodAnnotator;
+use progress::Progress;
+use rate::RateLimiter;
+pub use records::{Listing, Mounted, check_data_dir, list_records};
+pub use transfer::{CHUNK_BYTES, Delivered, PutError, record_url};
 
 /// How a redistribution runs.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Directory holding one file per record.
+    /// Directory holding one file per record: the drained claim's mount point.
     pub data_dir: PathBuf,
+    /// Accept a data directory that is not a mount point (the claim is mounted above it).
+    pub allow_unmounted: bool,
     /// Records in flight at once.
     pub concurrency: usize,
     /// Records sent per second at most, across all concurrent `PUT`s; `0` means no limit.
     /// Every `PUT`, a retry too, waits for its turn: they start at least `1/max_rate` seconds
     /// apart (the first at once), and idle time does not build up a burst.
     pub max_rate: u32,
-    /// Retries of one `PUT` after a connection error or a `5xx`/`408`/`429` answer.
+    /// Retries of one `PUT` after a connection error, an idle timeout, or a `5xx`/`408`/`429`.
     pub put_retries: usize,
     /// First delay between `PUT` retries (doubles each time, with jitter).
     pub put_retry_delay: Duration,
@@ -50,29 +64,33 @@ pub struct Options {
     /// Delay before the second round; doubles each round, capped at [`MAX_ROUND_DELAY`] (or
     /// at this value if it is larger).
     pub round_delay: Duration,
-    /// Timeout of one `PUT`.
-    pub request_timeout: Duration,
-    /// Interval between progress log lines.
+    /// A `PUT` fails when no byte moved and no answer came for this long.
+    pub idle_timeout: Duration,
+    /// Interval between progress log lines and progress publishes.
     pub progress_interval: Duration,
+    /// Where progress is published (the drain pod), if anywhere.
+    pub progress: Option<PodAnnotator>,
 }
 
 /// Longest wait between rounds.
 pub const MAX_ROUND_DELAY: Duration = Duration::from_secs(30);
 
 impl Options {
-    /// Defaults for `data_dir`: 8 in flight, no rate limit, 5 retries from 200ms, 6 rounds
-    /// from 2s.
+    /// Defaults for `data_dir`: must be a mount point, 8 in flight, no rate limit, 5 retries
+    /// from 200ms, 6 rounds from 2s, 60s idle timeout, progress every 5s, not published.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            allow_unmounted: false,
             concurrency: 8,
             max_rate: 0,
             put_retries: 5,
             put_retry_delay: Duration::from_millis(200),
             max_rounds: 6,
             round_delay: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
             progress_interval: Duration::from_secs(5),
+            progress: None,
         }
     }
 }
@@ -80,43 +98,16 @@ impl Options {
 /// What a successful redistribution did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Records moved (acknowledged by their owner and deleted locally).
+    /// Records handed over (their owner stored them or already held them) and deleted locally.
     pub records: u64,
     /// Bytes of those records.
     pub bytes: u64,
-    /// Rounds run (0 if the data directory was empty).
+    /// Of those records, the ones the owner already held (`412`): not overwritten.
+    pub already_there: u64,
+    /// Entries of the data directory skipped by design (dot files, `lost+found`), left in place.
+    pub skipped: Vec<String>,
+    /// Rounds run (0 if the data directory held no records).
     pub rounds: usize,
-}
-
-/// Why a `PUT` of one record failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PutError {
-    /// No answer: connection refused or reset, timeout.
-    #[error("request failed")]
-    Transport(#[source] reqwest::Error),
-    /// The peer answered with a status other than `2xx`.
-    #[error("peer answered {status}: {body:?}")]
-    Status {
-        /// The status.
-        status: StatusCode,
-        /// The start of the answer's body.
-        body: String,
-    },
-}
-
-impl PutError {
-    /// Whether the same request may succeed later: no answer, `5xx`, `408` or `429`. Any other
-    /// answer means the peer refuses the record.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            Self::Transport(_) => true,
-            Self::Status { status, .. } => {
-                status.is_server_error()
-                    || *status == StatusCode::REQUEST_TIMEOUT
-                    || *status == StatusCode::TOO_MANY_REQUESTS
-            }
-        }
-    }
 }
 
 /// Why a redistribution failed. In every case, every record that no peer acknowledged is still
@@ -135,6 +126,16 @@ pub enum RedistributeError {
         /// The data directory.
         dir: PathBuf,
     },
+    /// The data directory is not where a volume is mounted, so it is not the drained claim.
+    #[error(
+        "data directory {} is not a mount point, so it is not the drained claim: mount the claim \
+         there (check the drain template's volumeMounts, subPath and --data-dir), or pass \
+         --allow-unmounted-data-dir if the claim is mounted above it", dir.display()
+    )]
+    DataDirNotMounted {
+        /// The data directory.
+        dir: PathBuf,
+    },
     /// The data directory cannot be read.
     #[error("failed to read data directory {}", dir.display())]
     ReadDataDir {
@@ -142,7 +143,7 @@ pub enum RedistributeError {
         dir: PathBuf,
         /// The cause.
         #[source]
-        source: io::Error,
+        source: std::io::Error,
     },
     /// The data directory holds something that is not a record file.
     #[error("unexpected {kind} {} in the data directory: records are regular files", path.display())]
@@ -165,7 +166,7 @@ pub enum RedistributeError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: io::Error,
+        source: PutError,
     },
     /// A moved record's file could not be deleted.
     #[error("failed to delete moved record file {}", path.display())]
@@ -174,7 +175,7 @@ pub enum RedistributeError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: io::Error,
+        source: std::io::Error,
     },
     /// Peers could not be discovered.
     #[error("failed to discover peers")]
@@ -203,6 +204,21 @@ pub enum RedistributeError {
         peer: String,
         /// The URL of the `PUT`.
         url: String,
+        /// The answer.
+        #[source]
+        source: PutError,
+    },
+    /// A peer refuses a record as too large (`413`): no retry will help.
+    #[error(
+        "peer {peer} refuses record {key:?} ({bytes} bytes) as too large; raise the peer's limit or split the record"
+    )]
+    RecordTooLarge {
+        /// The record's key.
+        key: String,
+        /// The peer pod.
+        peer: String,
+        /// The record's size.
+        bytes: u64,
         /// The answer.
         #[source]
         source: PutError,
@@ -241,6 +257,8 @@ impl RedistributeError {
         match self {
             Self::DataDirMissing { .. } => "DataDirMissing",
             Self::DataDirNotADirectory { .. } => "DataDirNotADirectory",
+            Self::DataDirNotMounted { .. } => "DataDirNotMounted",
+            Self::RecordTooLarge { .. } => "RecordTooLarge",
             Self::ReadDataDir { .. } => "ReadDataDir",
             Self::UnexpectedEntry { .. } => "UnexpectedEntry",
             Self::NonUtf8Name { .. } => "NonUtf8Name",
@@ -261,35 +279,50 @@ impl RedistributeError {
 
 /// Moves every record in `options.data_dir` to its owner among the peers from `peers`.
 ///
-/// Steps: list the record files (an empty directory succeeds at once, without discovery); then
-/// rounds of: discover peers → send each record to its owner and delete it once acknowledged
-/// (bounded concurrency, each `PUT` retried on transient failures) → list what is left. Records
-/// whose owner is not Ready or not answering wait for the next round; a peer refusing a record
-/// ends the run at once.
+/// Steps: check that the data directory is the claim's mount point, list the record files (no
+/// records succeeds at once, without discovery); then rounds of: discover peers → stream each
+/// record to its owner and delete it once handed over (bounded concurrency, each `PUT` retried
+/// on transient failures) → list what is left. Records whose owner is not Ready or not
+/// answering wait for the next round; a peer refusing a record ends the run at once.
 pub async fn redistribute<P: PeerSource>(
     options: &Options,
     peers: &P,
 ) -> Result<Summary, RedistributeError> {
     let dir = options.data_dir.as_path();
-    let mut names = list_records(dir).await?;
-    if names.is_empty() {
-        tracing::info!(data_dir = %dir.display(), "data directory holds no records, nothing to move");
-        return Ok(Summary::default());
+    let mounted = check_data_dir(dir, options.allow_unmounted)?;
+    let listing = list_records(dir).await?;
+    let skipped = listing.skipped.clone();
+    if !skipped.is_empty() {
+        tracing::warn!(data_dir = %dir.display(), ?skipped, "skipping entries by design (names starting with '.', lost+found); they stay on the claim");
+    }
+    if listing.records.is_empty() {
+        tracing::info!(data_dir = %dir.display(), ?mounted, "data directory holds no records, nothing to move");
+        return Ok(Summary {
+            skipped,
+            ..Summary::default()
+        });
     }
     let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5).min(options.request_timeout))
-        .timeout(options.request_timeout)
+        .connect_timeout(Duration::from_secs(5).min(options.idle_timeout))
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(RedistributeError::HttpClient)?;
     let limiter = RateLimiter::new(options.max_rate);
-    let mut progress = Progress::new(names.len());
+    let mut progress = Progress::new(
+        listing.records.len(),
+        listing.bytes(),
+        options.progress.clone(),
+    );
     tracing::info!(
         data_dir = %dir.display(),
-        records = names.len(),
+        ?mounted,
+        records = listing.records.len(),
+        bytes = listing.bytes(),
         max_rate = options.max_rate,
         "starting redistribution"
     );
+    progress.publish().await;
+    let mut names = listing.names();
     let mut round_delays = ExponentialBuilder::default()
         .with_min_delay(options.round_delay)
         .with_max_delay(options.round_delay.max(MAX_ROUND_DELAY))
@@ -317,7 +350,11 @@ pub async fn redistribute<P: PeerSource>(
                 round.run(std::mem::take(&mut names), &mut progress).await?
             }
         };
-        names = list_records(dir).await?;
+        records::sync_dir(dir).await?;
+        let left = list_records(dir).await?;
+        names = left.names();
+        progress.at_least(names.len(), left.bytes());
+        progress.publish().await;
         if names.is_empty() {
             break;
         }
@@ -341,6 +378,8 @@ pub async fn redistribute<P: PeerSource>(
     Ok(Summary {
         records: progress.records,
         bytes: progress.bytes,
+        already_there: progress.already_there,
+        skipped,
         rounds,
     })
 }
@@ -358,8 +397,8 @@ fn log_peers(set: &PeerSet, round: usize) {
 
 /// What became of one record in a round.
 enum Outcome {
-    /// Acknowledged by its owner and deleted locally.
-    Moved { bytes: u64 },
+    /// Handed over and deleted locally.
+    Moved { bytes: u64, already_there: bool },
     /// Its file was gone already.
     Gone,
     /// Left for the next round, with the reason (`None`: its owner already failed this round).
@@ -399,7 +438,7 @@ impl Round<'_> {
             tokio::select! {
                 next = moves.next() => match next {
                     None => break,
-                    Some(Ok(Outcome::Moved { bytes })) => progress.moved(bytes),
+                    Some(Ok(Outcome::Moved { bytes, already_there })) => progress.moved(bytes, already_there),
                     Some(Ok(Outcome::Gone)) => {}
                     Some(Ok(Outcome::Deferred(reason))) => {
                         deferred += 1;
@@ -412,7 +451,10 @@ impl Round<'_> {
                         return Err(e);
                     }
                 },
-                _ = ticker.tick() => progress.log("redistribution progress"),
+                _ = ticker.tick() => {
+                    progress.log("redistribution progress");
+                    progress.publish().await;
+                }
             }
         }
         if deferred > 0 {
@@ -435,23 +477,24 @@ impl Round<'_> {
             return Ok(Outcome::Deferred(None));
         }
         let path = self.options.data_dir.join(&name);
-        let body = match tokio::fs::read(&path).await {
-            Ok(body) => Bytes::from(body),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Outcome::Gone),
-            Err(source) => return Err(RedistributeError::ReadRecord { path, source }),
-        };
-        let url = record_url(&peer.url, &name);
+        let url = transfer::record_url(&peer.url, &name);
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.options.put_retry_delay)
             .with_max_delay(self.options.put_retry_delay.max(Duration::from_secs(10)))
             .with_max_times(self.options.put_retries)
             .with_jitter();
-        let (url_ref, body_ref) = (&url, &body);
+        let (url_ref, path_ref) = (&url, &path);
         let put = || async move {
             if let Some(limiter) = self.limiter {
                 limiter.wait_turn().await;
             }
-            put_record(self.http, url_ref.clone(), body_ref.clone()).await
+            transfer::put_record(
+                self.http,
+                url_ref.clone(),
+                path_ref,
+                self.options.idle_timeout,
+            )
+            .await
         };
         let result = put
             .retry(backoff)
@@ -460,8 +503,9 @@ impl Round<'_> {
                 tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %crate::error_chain(e), "retrying put");
             })
             .await;
-        match result {
-            Ok(()) => {}
+        let (delivered, bytes) = match result {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(Outcome::Gone),
             Err(source) if source.is_transient() => {
                 self.down.lock().expect("lock poisoned").insert(owner);
                 tracing::warn!(peer = %peer.name, key = %name, error = %crate::error_chain(&source), "peer not accepting records");
@@ -474,6 +518,17 @@ impl Round<'_> {
                     },
                 )));
             }
+            Err(source @ PutError::ReadFile(_)) => {
+                return Err(RedistributeError::ReadRecord { path, source });
+            }
+            Err(PutError::TooLarge { bytes, body }) => {
+                return Err(RedistributeError::RecordTooLarge {
+                    key: name,
+                    peer: peer.name.clone(),
+                    bytes,
+                    source: PutError::TooLarge { bytes, body },
+                });
+            }
             Err(source) => {
                 return Err(RedistributeError::PeerRefused {
                     key: name,
@@ -482,295 +537,19 @@ impl Round<'_> {
                     source,
                 });
             }
+        };
+        let already_there = delivered == Delivered::AlreadyThere;
+        if already_there {
+            tracing::info!(key = %name, peer = %peer.name, "owner already holds the key; its copy is kept and the local one is done");
         }
-        delete_record(&self.options.data_dir, &name).await?;
+        records::delete_record(&self.options.data_dir, &name).await?;
         Ok(Outcome::Moved {
-            bytes: body.len() as u64,
+            bytes,
+            already_there,
         })
     }
 
     fn is_down(&self, ordinal: i32) -> bool {
         self.down.lock().expect("lock poisoned").contains(&ordinal)
-    }
-}
-
-/// Caps how many `PUT`s start per second, across every task sharing it.
-///
-/// Each caller reserves the next free slot, `period` after the previous slot or now, whichever
-/// is later, and sleeps until it: slots are at least `period` apart, the first is immediate,
-/// and time spent idle does not accumulate into a burst.
-#[derive(Debug)]
-struct RateLimiter {
-    period: Duration,
-    next: Mutex<tokio::time::Instant>,
-}
-
-impl RateLimiter {
-    /// A limiter for `per_second` starts a second, or `None` for `0` (no limit).
-    fn new(per_second: u32) -> Option<Self> {
-        if per_second == 0 {
-            return None;
-        }
-        // Rounded up, so the rate never exceeds `per_second`.
-        let nanos = 1_000_000_000u64.div_ceil(u64::from(per_second));
-        Some(Self {
-            period: Duration::from_nanos(nanos),
-            next: Mutex::new(tokio::time::Instant::now()),
-        })
-    }
-
-    /// Waits for this caller's turn.
-    async fn wait_turn(&self) {
-        let now = tokio::time::Instant::now();
-        let slot = {
-            let mut next = self.next.lock().expect("lock poisoned");
-            let slot = (*next).max(now);
-            *next = slot + self.period;
-            slot
-        };
-        if slot > now {
-            tokio::time::sleep_until(slot).await;
-        }
-    }
-}
-
-/// `<base>/records/<key>`, the key percent-encoded as one path segment.
-pub fn record_url(base: &Url, key: &str) -> Url {
-    let mut url = base.clone();
-    if let Ok(mut segments) = url.path_segments_mut() {
-        segments.pop_if_empty().extend(["records", key]);
-    }
-    url
-}
-
-async fn put_record(http: &reqwest::Client, url: Url, body: Bytes) -> Result<(), PutError> {
-    let response = http
-        .put(url)
-        .body(body)
-        .send()
-        .await
-        .map_err(PutError::Transport)?;
-    let status = response.status();
-    if status.is_success() {
-        return Ok(());
-    }
-    let mut body = response.text().await.unwrap_or_default();
-    if let Some((cut, _)) = body.char_indices().nth(200) {
-        body.truncate(cut);
-    }
-    Err(PutError::Status { status, body })
-}
-
-/// Deletes the moved record's file, then flushes the directory so the deletion is durable.
-async fn delete_record(dir: &Path, name: &str) -> Result<(), RedistributeError> {
-    let dir = dir.to_path_buf();
-    let path = dir.join(name);
-    tokio::task::spawn_blocking(move || {
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(RedistributeError::DeleteRecord { path, source }),
-        }
-        fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| RedistributeError::DeleteRecord { path, source })
-    })
-    .await
-    .map_err(RedistributeError::Task)?
-}
-
-/// The record files of `dir`, sorted by name, after checking that `dir` is a readable directory.
-pub async fn list_records(dir: &Path) -> Result<Vec<String>, RedistributeError> {
-    let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || list_records_blocking(&dir))
-        .await
-        .map_err(RedistributeError::Task)?
-}
-
-fn list_records_blocking(dir: &Path) -> Result<Vec<String>, RedistributeError> {
-    let read_err = |source| RedistributeError::ReadDataDir {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    match fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(RedistributeError::DataDirNotADirectory {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(RedistributeError::DataDirMissing {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(e) => return Err(read_err(e)),
-    }
-    let mut names = Vec::new();
-    for entry in fs::read_dir(dir).map_err(read_err)? {
-        let entry = entry.map_err(read_err)?;
-        let name = entry.file_name();
-        if name.as_encoded_bytes().starts_with(b".") {
-            continue;
-        }
-        let file_type = entry.file_type().map_err(read_err)?;
-        if file_type.is_file() {
-            let name = name
-                .into_string()
-                .map_err(|_| RedistributeError::NonUtf8Name { path: entry.path() })?;
-            names.push(name);
-        } else if file_type.is_dir() && name == "lost+found" {
-            continue;
-        } else {
-            let kind = if file_type.is_dir() {
-                "directory"
-            } else if file_type.is_symlink() {
-                "symlink"
-            } else {
-                "special file"
-            };
-            return Err(RedistributeError::UnexpectedEntry {
-                path: entry.path(),
-                kind,
-            });
-        }
-    }
-    names.sort_unstable();
-    Ok(names)
-}
-
-/// Counters for the progress log lines.
-struct Progress {
-    total: usize,
-    records: u64,
-    bytes: u64,
-    started: Instant,
-}
-
-impl Progress {
-    fn new(total: usize) -> Self {
-        Self {
-            total,
-            records: 0,
-            bytes: 0,
-            started: Instant::now(),
-        }
-    }
-
-    fn moved(&mut self, bytes: u64) {
-        self.records += 1;
-        self.bytes += bytes;
-    }
-
-    fn log(&self, message: &'static str) {
-        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-        tracing::info!(
-            records_moved = self.records,
-            records_total = self.total,
-            bytes_moved = self.bytes,
-            elapsed_secs = format!("{secs:.1}"),
-            records_per_sec = format!("{:.1}", self.records as f64 / secs),
-            mib_per_sec = format!("{:.2}", self.bytes as f64 / secs / (1024.0 * 1024.0)),
-            "{message}"
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_urls_encode_the_key() {
-        let base = Url::parse("http://10.0.0.1:8080/").unwrap();
-        assert_eq!(
-            record_url(&base, "k-1.x").as_str(),
-            "http://10.0.0.1:8080/records/k-1.x"
-        );
-        assert_eq!(
-            record_url(&base, "a b/c?").as_str(),
-            "http://10.0.0.1:8080/records/a%20b%2Fc%3F"
-        );
-        let prefixed = Url::parse("http://h/api").unwrap();
-        assert_eq!(
-            record_url(&prefixed, "k").as_str(),
-            "http://h/api/records/k"
-        );
-    }
-
-    #[tokio::test]
-    async fn rate_limiter_lets_the_first_through_at_once_and_never_bursts() {
-        use futures::FutureExt;
-
-        assert!(RateLimiter::new(0).is_none(), "0 is no limit");
-        assert_eq!(
-            RateLimiter::new(3).unwrap().period,
-            Duration::from_nanos(333_333_334),
-            "rounded up"
-        );
-        assert_eq!(
-            RateLimiter::new(u32::MAX).unwrap().period,
-            Duration::from_nanos(1)
-        );
-
-        // One a second: the first is immediate, the second must wait.
-        let limiter = RateLimiter::new(1).unwrap();
-        assert!(limiter.wait_turn().now_or_never().is_some());
-        assert!(limiter.wait_turn().now_or_never().is_none());
-
-        // Idle time does not build up a burst: after a pause, one goes through, not several.
-        let limiter = RateLimiter::new(10).unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(limiter.wait_turn().now_or_never().is_some());
-        assert!(limiter.wait_turn().now_or_never().is_none());
-    }
-
-    #[test]
-    fn transient_put_errors() {
-        let status = |code: u16| PutError::Status {
-            status: StatusCode::from_u16(code).unwrap(),
-            body: String::new(),
-        };
-        for code in [500, 502, 503, 408, 429] {
-            assert!(status(code).is_transient(), "{code}");
-        }
-        for code in [400, 403, 404, 409, 413, 301] {
-            assert!(!status(code).is_transient(), "{code}");
-        }
-    }
-
-    #[tokio::test]
-    async fn lists_records_and_checks_the_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing");
-        assert!(matches!(
-            list_records(&missing).await,
-            Err(RedistributeError::DataDirMissing { .. })
-        ));
-        let file = dir.path().join("file");
-        fs::write(&file, b"x").unwrap();
-        assert!(matches!(
-            list_records(&file).await,
-            Err(RedistributeError::DataDirNotADirectory { .. })
-        ));
-
-        let data = dir.path().join("data");
-        fs::create_dir(&data).unwrap();
-        assert!(list_records(&data).await.unwrap().is_empty());
-        fs::write(data.join("b"), b"2").unwrap();
-        fs::write(data.join("a"), b"1").unwrap();
-        fs::write(data.join(".tmp-1"), b"partial").unwrap();
-        fs::create_dir(data.join("lost+found")).unwrap();
-        fs::create_dir(data.join(".hidden-dir")).unwrap();
-        assert_eq!(list_records(&data).await.unwrap(), ["a", "b"]);
-
-        fs::create_dir(data.join("nested")).unwrap();
-        assert!(matches!(
-            list_records(&data).await,
-            Err(RedistributeError::UnexpectedEntry {
-                kind: "directory",
-                ..
-            })
-        ));
     }
 }

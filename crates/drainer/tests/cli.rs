@@ -21,6 +21,9 @@ fn drainer(home: &Path) -> Command {
         .env("DRAIN_REPLICAS", "2")
         .env("DRAIN_ORDINALS_START", "0")
         .env("DRAIN_POD_NAME", "datastore-2")
+        // A temporary directory is no mount point; the tests of that check remove these.
+        .env("DRAINER_DATA_DIR", home)
+        .env("DRAINER_ALLOW_UNMOUNTED_DATA_DIR", "true")
         .stdin(Stdio::null());
     command
 }
@@ -37,23 +40,21 @@ fn exec_exit_codes_pass_through() {
     let (code, stderr) =
         run(drainer(home.path()).args(["exec", "--no-peers", "--", "sh", "-c", "exit 3"]));
     assert_eq!(code, Some(3), "{stderr}");
-    let (code, stderr) = run(drainer(home.path()).args(["exec", "--", "true"]));
+    let (code, stderr) = run(drainer(home.path()).args(["exec", "--no-peers", "--", "true"]));
     assert_eq!(code, Some(0), "{stderr}");
 }
 
 #[test]
-fn exec_without_a_cluster_still_runs_the_hook_with_the_context() {
+fn exec_with_no_peers_runs_the_hook_with_the_context_and_no_cluster() {
     let home = tempfile::tempdir().unwrap();
     let out = home.path().join("env");
-    let (code, stderr) = run(drainer(home.path()).env("OUT", &out).args([
-        "exec",
-        "--data-dir",
-        "/mnt/claim",
-        "--",
-        "sh",
-        "-c",
-        r#"env > "$OUT""#,
-    ]));
+    let claim = home.path().join("claim");
+    std::fs::create_dir(&claim).unwrap();
+    let (code, stderr) = run(drainer(home.path())
+        .env("OUT", &out)
+        .args(["exec", "--no-peers", "--data-dir"])
+        .arg(&claim)
+        .args(["--", "sh", "-c", r#"env > "$OUT""#]));
     assert_eq!(code, Some(0), "{stderr}");
     let env = std::fs::read_to_string(&out).unwrap();
     for line in [
@@ -63,8 +64,9 @@ fn exec_without_a_cluster_still_runs_the_hook_with_the_context() {
         "DRAIN_REPLICAS=2",
         "DRAIN_ORDINALS_START=0",
         "DRAIN_POD_NAME=datastore-2",
-        "DRAIN_DATA_DIR=/mnt/claim",
+        &format!("DRAIN_DATA_DIR={}", claim.display()),
         "DRAIN_PEERS=",
+        "DRAIN_PEERS_STATUS=disabled",
     ] {
         assert!(env.lines().any(|l| l == line), "{line} missing in:\n{env}");
     }
@@ -102,9 +104,34 @@ fn redistribute_empty_directory_succeeds_without_a_cluster() {
     let home = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let (code, stderr) = run(drainer(home.path())
-        .args(["redistribute", "--data-dir"])
+        .args(["redistribute", "--allow-unmounted-data-dir", "--data-dir"])
         .arg(data.path()));
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn redistribute_refuses_a_directory_that_is_not_the_mounted_claim() {
+    // An empty directory that is not a mount point: exiting 0 would get the claim deleted.
+    let home = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (code, stderr) = run(drainer(home.path())
+        .env_remove("DRAINER_ALLOW_UNMOUNTED_DATA_DIR")
+        .args(["redistribute", "--data-dir"])
+        .arg(data.path()));
+    assert_eq!(code, Some(drain_api::exit_codes::FAILURE), "{stderr}");
+    assert!(stderr.contains("is not a mount point"), "{stderr}");
+
+    // Hook mode too: the hook is not run.
+    let marker = home.path().join("ran");
+    let (code, stderr) = run(drainer(home.path())
+        .env_remove("DRAINER_ALLOW_UNMOUNTED_DATA_DIR")
+        .env("MARKER", &marker)
+        .args(["exec", "--no-peers", "--data-dir"])
+        .arg(data.path())
+        .args(["--", "sh", "-c", r#"touch "$MARKER""#]));
+    assert_eq!(code, Some(drain_api::exit_codes::FAILURE), "{stderr}");
+    assert!(stderr.contains("is not a mount point"), "{stderr}");
+    assert!(!marker.exists(), "the hook ran");
 }
 
 #[test]
@@ -119,7 +146,13 @@ fn redistribute_failures_exit_1_and_keep_the_data() {
     let data = tempfile::tempdir().unwrap();
     std::fs::write(data.path().join("k1"), b"v1").unwrap();
     let output = drainer(home.path())
-        .args(["redistribute", "--round-delay", "10ms", "--data-dir"])
+        .args([
+            "redistribute",
+            "--round-delay",
+            "10ms",
+            "--allow-unmounted-data-dir",
+            "--data-dir",
+        ])
         .arg(data.path())
         .output()
         .unwrap();
@@ -171,7 +204,13 @@ fn redistribute_stops_on_sigterm_and_keeps_unmoved_records() {
     std::fs::write(data.path().join("k1"), b"v1").unwrap();
     let mut child = drainer(home.path())
         .env("KUBECONFIG", &kubeconfig)
-        .args(["redistribute", "--round-delay", "30s", "--data-dir"])
+        .args([
+            "redistribute",
+            "--round-delay",
+            "30s",
+            "--allow-unmounted-data-dir",
+            "--data-dir",
+        ])
         .arg(data.path())
         .stderr(Stdio::piped())
         .spawn()

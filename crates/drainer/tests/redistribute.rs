@@ -26,14 +26,23 @@ struct Datastore {
 
 impl Datastore {
     async fn start(ordinal: i32) -> Self {
+        Self::start_with(ordinal, datastore::http::Limits::default()).await
+    }
+
+    async fn start_with(ordinal: i32, limits: datastore::http::Limits) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let store = datastore::Store::open(dir.path()).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(datastore::http::serve(listener, store, async move {
-            let _ = stopped.await;
-        }));
+        tokio::spawn(datastore::http::serve_with(
+            listener,
+            store,
+            limits,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Self {
             ordinal,
             addr,
@@ -147,8 +156,10 @@ fn options(dir: &Path) -> Options {
         put_retry_delay: Duration::from_millis(5),
         max_rounds: 2,
         round_delay: Duration::from_millis(10),
-        request_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(10),
         progress_interval: Duration::from_millis(50),
+        // A temporary directory is no mount point; the mount check has its own tests.
+        allow_unmounted: true,
         ..Options::new(dir)
     }
 }
@@ -221,6 +232,12 @@ async fn moves_every_record_to_its_owner_and_empties_the_directory() {
         all.values().map(|v| v.len() as u64).sum::<u64>()
     );
     assert_eq!(summary.rounds, 1);
+    assert_eq!(summary.already_there, 0);
+    assert_eq!(
+        summary.skipped,
+        [".tmp-unfinished", "lost+found"],
+        "skips are reported"
+    );
     assert!(local_records(data.path()).is_empty());
     assert!(data.path().join(".tmp-unfinished").exists());
     assert!(data.path().join("lost+found").is_dir());
@@ -588,4 +605,149 @@ async fn max_rate_caps_records_per_second_across_concurrent_puts() {
         limited < Duration::from_secs(5),
         "limited drain took {limited:?}"
     );
+}
+
+#[tokio::test]
+async fn a_key_the_owner_already_holds_is_never_overwritten() {
+    // After the scale-down clients write some keys to their new owner at once; the drain must
+    // not put the old values over them. The same happens after a restart between an
+    // acknowledged PUT and the local delete.
+    let server = Datastore::start(0).await;
+    let client = datastore::Client::new(&format!("http://{}", server.addr)).unwrap();
+    let peers = StaticPeers(PeerSet::all_ready([server.peer()]));
+    let data = tempfile::tempdir().unwrap();
+    let mut all = records(20);
+    write_local(data.path(), &all);
+    for key in ["user-0003", "user-0010"] {
+        client
+            .put(key, format!("newer value of {key}"))
+            .await
+            .unwrap();
+        all.insert(key.to_owned(), format!("newer value of {key}").into_bytes());
+    }
+
+    let summary = redistribute(&options(data.path()), &peers).await.unwrap();
+
+    assert_eq!(summary.records, 20);
+    assert_eq!(summary.already_there, 2);
+    assert!(local_records(data.path()).is_empty());
+    assert_eq!(server.records().await, all, "the newer values are kept");
+}
+
+#[rstest::rstest]
+#[case::accepted(StatusCode::ACCEPTED)]
+#[case::non_authoritative(StatusCode::NON_AUTHORITATIVE_INFORMATION)]
+#[case::reset_content(StatusCode::RESET_CONTENT)]
+#[case::redirect(StatusCode::TEMPORARY_REDIRECT)]
+#[tokio::test]
+async fn only_200_201_204_and_412_count_as_handed_over(#[case] status: StatusCode) {
+    let (peer, _) = fixed_status_peer(0, status).await;
+    let peers = StaticPeers(PeerSet::all_ready([peer]));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(8);
+    write_local(data.path(), &all);
+
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(err, RedistributeError::PeerRefused { .. }),
+        "{status}: {err}"
+    );
+    assert!(
+        local_records(data.path()) == all,
+        "{status}: local files changed"
+    );
+}
+
+#[tokio::test]
+async fn a_record_too_large_for_the_peer_is_a_clear_final_error() {
+    let limits = datastore::http::Limits {
+        max_record_bytes: 1000,
+        ..datastore::http::Limits::default()
+    };
+    let server = Datastore::start_with(0, limits).await;
+    let peers = StaticPeers(PeerSet::all_ready([server.peer()]));
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("small"), vec![1u8; 10]).unwrap();
+    std::fs::write(data.path().join("big"), vec![2u8; 5000]).unwrap();
+
+    let started = Instant::now();
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+
+    let RedistributeError::RecordTooLarge { ref key, bytes, .. } = err else {
+        panic!("want RecordTooLarge, got {err}");
+    };
+    assert_eq!((key.as_str(), bytes), ("big", 5000));
+    assert!(
+        drainer::error_chain(&err).contains("too large"),
+        "{}",
+        drainer::error_chain(&err)
+    );
+    assert!(data.path().join("big").exists(), "the record stays");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not retried round after round"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_reading_fails_on_the_idle_timeout_and_files_stay() {
+    // Accepts connections, never reads or answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = Arc::clone(&held);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            keep.lock().unwrap().push(stream);
+        }
+    });
+    let peers = StaticPeers(PeerSet::all_ready([peer_at(0, addr)]));
+    let data = tempfile::tempdir().unwrap();
+    // Bigger than the socket buffers, so the upload itself stalls.
+    std::fs::write(data.path().join("big"), vec![7u8; 32 << 20]).unwrap();
+    std::fs::write(data.path().join("small"), b"x").unwrap();
+    let options = Options {
+        idle_timeout: Duration::from_millis(300),
+        put_retries: 1,
+        max_rounds: 1,
+        ..options(data.path())
+    };
+
+    let err = redistribute(&options, &peers).await.unwrap_err();
+
+    assert!(
+        drainer::error_chain(&err).contains("idle timeout"),
+        "{}",
+        drainer::error_chain(&err)
+    );
+    assert_eq!(local_records(data.path()).len(), 2);
+}
+
+#[tokio::test]
+async fn the_data_directory_must_be_a_mount_point() {
+    let peers = StaticPeers(PeerSet::default());
+    let data = tempfile::tempdir().unwrap();
+    let strict = Options {
+        allow_unmounted: false,
+        ..options(data.path())
+    };
+    // Empty: today this would "succeed" and the controller would delete the claim.
+    let err = redistribute(&strict, &peers).await.unwrap_err();
+    assert!(
+        matches!(err, RedistributeError::DataDirNotMounted { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("--allow-unmounted-data-dir"),
+        "{err}"
+    );
+    write_local(data.path(), &records(3));
+    let err = redistribute(&strict, &peers).await.unwrap_err();
+    assert!(matches!(err, RedistributeError::DataDirNotMounted { .. }));
+    assert_eq!(local_records(data.path()).len(), 3);
 }

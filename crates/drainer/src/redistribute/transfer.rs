@@ -1,0 +1,272 @@
+//! One record's transfer: a create-only `PUT` that streams the record file to its owner.
+//!
+//! The peer contract (the example datastore implements it; an app that serves the peer API
+//! itself must too): `PUT <peer>/records/<key>` with `If-None-Match: *` and the file as body.
+//! - `200`, `201`, `204`: the peer holds the record durably; the local file may go.
+//! - `412 Precondition Failed`: the peer already holds the key: clients wrote it there after the
+//!   scale-down (newer than this copy), or an earlier attempt delivered it before a restart. The
+//!   local copy is done and is deleted *without* overwriting the peer's.
+//! - `413 Payload Too Large`: the peer will never take this record: a final error.
+//! - `5xx`, `408`, `429`, no answer: transient, retried.
+//! - anything else (another `2xx` such as `202`, a redirect, other `4xx`): not an
+//!   acknowledgement; the peer refuses the record.
+//!
+//! The body is streamed in [`CHUNK_BYTES`] chunks, so memory is bounded by the number of
+//! transfers in flight, not by record size. Instead of a total timeout, a transfer fails when
+//! no byte moved and no answer came for [`idle_timeout`](super::Options::idle_timeout): a big
+//! record on a slow link is fine, a peer that stopped reading is not.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_LENGTH, IF_NONE_MATCH};
+use tokio::time::Instant;
+use url::Url;
+
+/// Size of the chunks a record file is read and sent in.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// How the owner took a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivered {
+    /// It stored this copy (`200`/`201`/`204`).
+    Stored,
+    /// It already held the key (`412`): its copy is kept, this one is done.
+    AlreadyThere,
+}
+
+/// Why a `PUT` of one record failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    /// No answer: connection refused or reset.
+    #[error("request failed")]
+    Transport(#[source] reqwest::Error),
+    /// Nothing moved for the idle timeout.
+    #[error("no progress for {}s (idle timeout)", idle.as_secs_f64())]
+    Idle {
+        /// The idle timeout.
+        idle: Duration,
+    },
+    /// The record file could not be opened or read.
+    #[error("failed to read the record file")]
+    ReadFile(#[source] std::io::Error),
+    /// The peer refuses records this large (`413`).
+    #[error("peer refuses the record as too large ({bytes} bytes): {body:?}")]
+    TooLarge {
+        /// The record's size.
+        bytes: u64,
+        /// The start of the answer's body.
+        body: String,
+    },
+    /// The peer answered with a status that is not an acknowledgement.
+    #[error("peer answered {status}, which is not an acknowledgement: {body:?}")]
+    Status {
+        /// The status.
+        status: StatusCode,
+        /// The start of the answer's body.
+        body: String,
+    },
+}
+
+impl PutError {
+    /// Whether the same request may succeed later: no answer, idle, `5xx`, `408` or `429`.
+    /// Any other answer means the peer refuses the record.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport(_) | Self::Idle { .. } => true,
+            Self::ReadFile(_) | Self::TooLarge { .. } => false,
+            Self::Status { status, .. } => {
+                status.is_server_error()
+                    || *status == StatusCode::REQUEST_TIMEOUT
+                    || *status == StatusCode::TOO_MANY_REQUESTS
+            }
+        }
+    }
+}
+
+/// What an answer's status means for the record.
+pub fn classify(status: StatusCode) -> Option<Delivered> {
+    match status {
+        StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Some(Delivered::Stored),
+        StatusCode::PRECONDITION_FAILED => Some(Delivered::AlreadyThere),
+        _ => None,
+    }
+}
+
+/// `<base>/records/<key>`, the key percent-encoded as one path segment.
+pub fn record_url(base: &Url, key: &str) -> Url {
+    let mut url = base.clone();
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments.pop_if_empty().extend(["records", key]);
+    }
+    url
+}
+
+/// Streams the file at `path` to `url` as a create-only `PUT`. `Ok(None)` if the file is gone.
+pub async fn put_record(
+    http: &reqwest::Client,
+    url: Url,
+    path: &Path,
+    idle: Duration,
+) -> Result<Option<(Delivered, u64)>, PutError> {
+    let file = match tokio::fs::File::open(path).await {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(PutError::ReadFile(e)),
+    };
+    let bytes = file.metadata().await.map_err(PutError::ReadFile)?.len();
+    let start = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let touch = Arc::clone(&last);
+    let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK_BYTES).inspect(move |_| {
+        touch.store(elapsed_ms(start), Ordering::Relaxed);
+    });
+    let request = http
+        .put(url)
+        .header(IF_NONE_MATCH, "*")
+        .header(CONTENT_LENGTH, bytes)
+        .body(reqwest::Body::wrap_stream(body))
+        .send();
+    let response = watch_idle(request, &last, start, idle)
+        .await?
+        .map_err(PutError::Transport)?;
+    let status = response.status();
+    if let Some(delivered) = classify(status) {
+        return Ok(Some((delivered, bytes)));
+    }
+    let text = watch_idle(response.text(), &last, Instant::now(), idle)
+        .await?
+        .unwrap_or_default();
+    let body = truncate(text, 200);
+    Err(match status {
+        StatusCode::PAYLOAD_TOO_LARGE => PutError::TooLarge { bytes, body },
+        status => PutError::Status { status, body },
+    })
+}
+
+fn elapsed_ms(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs `work` until it completes, or fails with [`PutError::Idle`] once `last` (ms after
+/// `start` of the last activity) is older than `idle`.
+async fn watch_idle<T>(
+    work: impl std::future::Future<Output = T>,
+    last: &AtomicU64,
+    start: Instant,
+    idle: Duration,
+) -> Result<T, PutError> {
+    let check = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut ticker = tokio::time::interval(check);
+    tokio::pin!(work);
+    let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            _ = ticker.tick() => {
+                let quiet = elapsed_ms(start).saturating_sub(last.load(Ordering::Relaxed));
+                if quiet >= idle_ms {
+                    return Err(PutError::Idle { idle });
+                }
+            }
+        }
+    }
+}
+
+fn truncate(mut text: String, chars: usize) -> String {
+    if let Some((cut, _)) = text.char_indices().nth(chars) {
+        text.truncate(cut);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_urls_encode_the_key() {
+        let base = Url::parse("http://10.0.0.1:8080/").unwrap();
+        assert_eq!(
+            record_url(&base, "k-1.x").as_str(),
+            "http://10.0.0.1:8080/records/k-1.x"
+        );
+        assert_eq!(
+            record_url(&base, "a b/c?").as_str(),
+            "http://10.0.0.1:8080/records/a%20b%2Fc%3F"
+        );
+        let prefixed = Url::parse("http://h/api").unwrap();
+        assert_eq!(
+            record_url(&prefixed, "k").as_str(),
+            "http://h/api/records/k"
+        );
+    }
+
+    #[test]
+    fn only_200_201_204_are_durable_and_412_means_already_there() {
+        for code in 100..600u16 {
+            let Ok(status) = StatusCode::from_u16(code) else {
+                continue;
+            };
+            let expected = match code {
+                200 | 201 | 204 => Some(Delivered::Stored),
+                412 => Some(Delivered::AlreadyThere),
+                _ => None,
+            };
+            assert_eq!(classify(status), expected, "{code}");
+        }
+    }
+
+    #[test]
+    fn transient_put_errors() {
+        let status = |code: u16| PutError::Status {
+            status: StatusCode::from_u16(code).unwrap(),
+            body: String::new(),
+        };
+        for code in [500, 502, 503, 408, 429] {
+            assert!(status(code).is_transient(), "{code}");
+        }
+        for code in [202, 400, 403, 404, 409, 301] {
+            assert!(!status(code).is_transient(), "{code}");
+        }
+        let too_large = PutError::TooLarge {
+            bytes: 1,
+            body: String::new(),
+        };
+        assert!(!too_large.is_transient());
+        assert!(
+            PutError::Idle {
+                idle: Duration::from_secs(1)
+            }
+            .is_transient()
+        );
+    }
+
+    #[tokio::test]
+    async fn idle_watch_fires_only_without_activity() {
+        let last = AtomicU64::new(0);
+        let start = Instant::now();
+        let idle = Duration::from_millis(50);
+        let slow = tokio::time::sleep(Duration::from_millis(300));
+        assert!(matches!(
+            watch_idle(slow, &last, start, idle).await,
+            Err(PutError::Idle { .. })
+        ));
+
+        // Activity every 10ms keeps a 300ms piece of work alive under a 50ms idle timeout.
+        let last = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let bump = Arc::clone(&last);
+        let busy = async move {
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                bump.store(elapsed_ms(start), Ordering::Relaxed);
+            }
+        };
+        assert!(watch_idle(busy, &last, start, idle).await.is_ok());
+    }
+}

@@ -1,0 +1,192 @@
+//! The drainer's safety rules on the real cluster: it never overwrites a newer value on the new
+//! owner, never succeeds on a directory that is not the claim, publishes its progress on its
+//! pod (copied into the set's status), and a drain whose progress stalls is retried.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use drain_api::annotations;
+use drain_api::pod_annotations::PROGRESS;
+use drain_api::progress::DrainProgress;
+use e2e::faults::*;
+use e2e::objects::{SetBuilder, drain_template};
+use e2e::ops::*;
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+const RECORDS: usize = 600;
+const T: Duration = Duration::from_secs(120);
+
+/// The example's drainer arguments, to extend.
+const ARGS: &str = r#""args": ["redistribute", "--data-dir", "/data", "--peer-port", "8080""#;
+
+/// Keys the 3-pod example placed on ordinal 2, by the example's placement.
+fn keys_of_2(records: &std::collections::BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    records
+        .keys()
+        .filter(|k| drainer::placement::owner(k, &[0, 1, 2]) == 2)
+        .cloned()
+        .collect()
+}
+
+async fn example_with_records(
+    ns: &TestNamespace,
+    edits: &[(&str, &str)],
+) -> Result<std::collections::BTreeMap<String, Vec<u8>>> {
+    apply_example(ns, edits)?;
+    wait_running(ns, &pod_names(DATASTORE, 0..3)).await?;
+    let keys: Vec<String> = (0..RECORDS).map(|i| format!("rec-{i:04}")).collect();
+    write_records(ns, RECORDS, |i| {
+        drainer::placement::owner(&keys[i], &[0, 1, 2])
+    })
+    .await
+}
+
+#[tokio::test]
+async fn writes_made_to_the_new_owner_during_the_drain_are_never_overwritten() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-newer").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // A slow drain, so clients write most keys to their new owner before the drain sends them.
+    let slow = format!(r#"{ARGS}, "--max-rate", "20""#);
+    let mut records = example_with_records(&ns, &[(ARGS, &slow)]).await?;
+    let moved = keys_of_2(&records);
+    ensure!(moved.len() > 100, "ordinal 2 holds {} records", moved.len());
+
+    scale(&ns, DATASTORE, 2).await?;
+    // Clients now route by the two remaining ordinals and write newer values at once.
+    let stores = [store_of(&ns, 0).await?, store_of(&ns, 1).await?];
+    for key in &moved {
+        let newer = format!("{key}: newer value written after the scale-down").into_bytes();
+        stores[drainer::placement::owner(key, &[0, 1]) as usize]
+            .put(key, newer.clone())
+            .await?;
+        records.insert(key.clone(), newer);
+    }
+    wait_claim_gone(&ns, "data-datastore-2", T).await?;
+
+    assert_every_record_readable(&ns, &[0, 1], &records).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_template_mounting_the_wrong_sub_path_fails_and_keeps_the_claim() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-subpath").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // The kubelet creates `x` empty inside the claim and mounts it at /data: a mount point
+    // with nothing in it. Without the check the drain "succeeds" and the claim is deleted.
+    let records = example_with_records(
+        &ns,
+        &[
+            (
+                r#""volumeMounts": [{"name": "data", "mountPath": "/data"}]"#,
+                r#""volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "x"}]"#,
+            ),
+            (
+                "statefulsets.kubernetes.io/drainer-pod-template: |",
+                "statefulsets.kubernetes.io/drain-max-attempts: \"1\"\n    statefulsets.kubernetes.io/drainer-pod-template: |",
+            ),
+        ],
+    )
+    .await?;
+    let claim = claim_uid(&ns, "data-datastore-2").await?;
+
+    scale(&ns, DATASTORE, 2).await?;
+    wait_set_event(&ns, DATASTORE, "DrainGaveUp").await?;
+    let status = wait_ordinal_state(&ns, DATASTORE, 2, "failed").await?;
+    eprintln!("status: {status}");
+    assert_claim_unchanged(&ns, "data-datastore-2", &claim).await?;
+
+    // The data is still on the claim: scaled back up, ordinal 2 serves every record it had.
+    scale(&ns, DATASTORE, 3).await?;
+    wait_stateful_pod_back(&ns, "datastore-2").await?;
+    assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn progress_is_published_on_the_drain_pod_and_copied_into_the_status() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-progress").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let slow = format!(r#"{ARGS}, "--max-rate", "25", "--progress-interval", "1s""#);
+    let records = example_with_records(&ns, &[(ARGS, &slow)]).await?;
+    let total = keys_of_2(&records).len() as u64;
+
+    scale(&ns, DATASTORE, 2).await?;
+    // What a user sees with kubectl while the drain runs.
+    let jsonpath = format!(
+        "jsonpath={{.metadata.annotations.{}}}",
+        PROGRESS.replace('.', "\\.")
+    );
+    let mid = std::sync::Mutex::new(None);
+    wait_for(T, "progress part-way on the drain pod", || async {
+        let out = e2e::kubectl()
+            .args(["-n", &ns.name, "get", "pod", "datastore-2", "-o", &jsonpath])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if let Some(p) = DrainProgress::parse(&text)
+            && p.records_moved > 0
+            && p.records_remaining > 0
+        {
+            ensure!(
+                p.records_moved + p.records_remaining == total,
+                "counts add up: {text}"
+            );
+            ensure!(p.bytes_moved > 0 && p.bytes_remaining > 0, "bytes: {text}");
+            *mid.lock().unwrap() = Some(p);
+            return Ok(true);
+        }
+        Ok(false)
+    })
+    .await?;
+    eprintln!("progress seen with kubectl: {:?}", mid.lock().unwrap());
+    wait_for(T, "progress in the set's status", || async {
+        let status = drain_status(&ns, DATASTORE).await?.unwrap_or_default();
+        Ok(status["ordinals"]["2"]["progress"]["recordsMoved"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0)
+    })
+    .await?;
+    wait_claim_gone(&ns, "data-datastore-2", T).await?;
+    assert_every_record_readable(&ns, &[0, 1], &records).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_without_progress_for_the_stall_time_is_retried() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-stall").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // Runs, never publishes progress, never finishes: a hung drain.
+    let set = SetBuilder::new("web")
+        .annotation(
+            annotations::DRAINER_POD_TEMPLATE,
+            drain_template("sleep 3600", &["data"], json!({})),
+        )
+        .annotation(annotations::STALL_SECONDS, "4");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let first = wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    let first_uid = first.metadata.uid.clone().context("uid")?;
+    let events = wait_set_event(&ns, "web", "DrainStalled").await?;
+    eprintln!("events: {events:?}");
+    // Retried: a new drain pod under the same name.
+    wait_for(T, "a second drain pod", || async {
+        Ok(ns.api::<Pod>().get_opt("web-2").await?.is_some_and(|p| {
+            p.metadata.uid.as_deref() != Some(first_uid.as_str())
+                && p.metadata.deletion_timestamp.is_none()
+        }))
+    })
+    .await?;
+    let status = drain_status(&ns, "web").await?.unwrap_or_default();
+    eprintln!("status: {status}");
+    assert_claim_unchanged(&ns, "data-web-2", &claim).await?;
+    Ok(())
+}
