@@ -21,20 +21,11 @@ pub mod template;
 pub mod validate;
 pub mod watch;
 
-use tracing_subscriber::EnvFilter;
+pub use drain_logging::{LogError, error_chain};
 
 /// Sets up logging: plain or JSON lines on stderr, filtered by `filter`.
-pub fn init_logging(filter: &str, json: bool) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+pub fn init_logging(filter: &str, json: bool) -> Result<(), LogError> {
+    drain_logging::init(filter, json)
 }
 
 /// Runs the controller with these options until SIGTERM or SIGINT.

@@ -6,6 +6,6 @@ use statefulset_drain_controller::{cli::Args, init_logging, run};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(&args.log_filter, args.log_json);
+    init_logging(&args.log_filter, args.log_json)?;
     run(args).await
 }

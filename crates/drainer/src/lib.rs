@@ -9,7 +9,6 @@
 pub mod claim_mount;
 pub mod cli;
 pub mod hook;
-pub mod logging;
 pub mod peers;
 pub mod placement;
 pub mod reaper;
@@ -284,18 +283,4 @@ fn target(drain: &DrainContext, peers: &PeerArgs) -> Result<Target, Error> {
     })
 }
 
-/// `error` and its sources, joined with `: ` (a source whose text is already in the message,
-/// as some libraries include it, is not repeated).
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
+pub use drain_logging::error_chain;

@@ -9,7 +9,7 @@ use drain_api::exit_codes;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = drainer::cli::Args::parse();
-    if let Err(e) = drainer::logging::init(&args.log_filter, args.log_json) {
+    if let Err(e) = drain_logging::init(&args.log_filter, args.log_json) {
         eprintln!("drainer: {}", drainer::error_chain(&e));
         return exit(exit_codes::FAILURE);
     }

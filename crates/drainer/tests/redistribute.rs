@@ -79,7 +79,7 @@ fn peer_at(ordinal: i32, addr: SocketAddr) -> Peer {
 async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&hits);
-    let app = axum::Router::new().fallback(move || {
+    let app = axum::Router::new().fallback(move |_body: axum::body::Bytes| {
         let counter = Arc::clone(&counter);
         async move {
             counter.fetch_add(1, Ordering::SeqCst);
@@ -98,7 +98,9 @@ async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
     let log = Arc::clone(&arrivals);
     let app = axum::Router::new().route(
         "/records/{key}",
-        axum::routing::put(move || {
+        // Reads the whole body before answering, as a peer must (answering first and closing
+        // the connection would make the drainer see a broken upload and send it again).
+        axum::routing::put(move |_body: axum::body::Bytes| {
             log.lock().unwrap().push(Instant::now());
             async { StatusCode::NO_CONTENT }
         }),

@@ -41,42 +41,11 @@ pub enum RunError {
     Serve(#[source] std::io::Error),
 }
 
-/// Errors setting up logging.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    /// The filter text is invalid.
-    #[error("invalid log filter {filter:?}")]
-    Filter {
-        /// The filter text.
-        filter: String,
-        /// The cause.
-        #[source]
-        source: tracing_subscriber::filter::ParseError,
-    },
-    /// A global subscriber was already installed.
-    #[error("failed to install the log subscriber")]
-    Install(#[source] tracing_subscriber::util::TryInitError),
-}
+pub use drain_logging::{LogError, error_chain};
 
 /// Installs the global `tracing` subscriber: `filter` in `EnvFilter` syntax, JSON or plain text.
 pub fn init_tracing(filter: &str, json: bool) -> Result<(), LogError> {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(filter).map_err(|source| LogError::Filter {
-            filter: filter.to_owned(),
-            source,
-        })?;
-    let registry = tracing_subscriber::registry().with(filter);
-    if json {
-        registry
-            .with(tracing_subscriber::fmt::layer().json())
-            .try_init()
-    } else {
-        registry.with(tracing_subscriber::fmt::layer()).try_init()
-    }
-    .map_err(LogError::Install)
+    drain_logging::init(filter, json)
 }
 
 /// Runs the service with `args` until SIGTERM or SIGINT, then shuts down gracefully.
@@ -109,16 +78,4 @@ pub async fn run(args: cli::Args) -> Result<(), RunError> {
         .map_err(RunError::Serve)?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// `error` and its sources, joined with `: `.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -63,7 +63,44 @@ pub async fn client() -> Client {
     let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("kubeconfig");
-    Client::try_from(cfg).expect("client")
+    let client = Client::try_from(cfg).expect("client");
+    refuse_other_controllers(&client).await;
+    client
+}
+
+/// Panics if a controller installed in the cluster (example/up's) is running: it would act on the
+/// test namespaces next to the controller each test starts, and tests would see two actors.
+/// `tests/run` pauses such controllers for the duration of the tests and restores them after.
+async fn refuse_other_controllers(client: &Client) {
+    static CHECKED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    CHECKED
+        .get_or_init(|| async {
+            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
+            let lp = kube::api::ListParams::default()
+                .labels("app.kubernetes.io/name=statefulset-drain-controller");
+            let running: Vec<String> = pods
+                .list(&lp)
+                .await
+                .expect("list pods of installed controllers")
+                .items
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.unwrap_or_default(),
+                        p.metadata.name.unwrap_or_default()
+                    )
+                })
+                .collect();
+            assert!(
+                running.is_empty(),
+                "an installed statefulset-drain controller is running in the test cluster \
+                 ({running:?}) and would act on the test namespaces too: run the tests with \
+                 tests/run (it pauses it and restores it afterwards), or scale it to 0"
+            );
+        })
+        .await;
 }
 
 /// The `kubectl` the harness built, for tests that show what a user types.
