@@ -98,6 +98,9 @@ pub enum Command {
     Redistribute(RedistributeArgs),
     /// Hook mode: run a command with the drain's context in its environment.
     Exec(ExecArgs),
+    /// Sidecar mode, next to the app in each pod: move the records this pod holds but no longer
+    /// owns (after a scale-up) to their owners, every `--interval`.
+    Rebalance(RebalanceArgs),
 }
 
 /// How peers are found and addressed.
@@ -178,6 +181,40 @@ pub struct RedistributeArgs {
     /// Interval between progress log lines and progress annotation updates.
     #[arg(long, env = "DRAINER_PROGRESS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub progress_interval: Duration,
+}
+
+/// Options of `drainer rebalance`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RebalanceArgs {
+    /// The pod's data directory, one file per record.
+    #[arg(long, env = "DRAINER_DATA_DIR", default_value = "/data")]
+    pub data_dir: PathBuf,
+
+    /// Peers.
+    #[command(flatten)]
+    pub peers: PeerArgs,
+
+    /// Records in flight at once.
+    #[arg(long, env = "DRAINER_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+
+    /// Records sent per second at most; 0 means no limit.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_RATE",
+        default_value_t = 0,
+        value_name = "RECORDS_PER_SEC"
+    )]
+    pub max_rate: u32,
+
+    /// A PUT fails when no byte moved and no answer came for this long.
+    #[arg(long, env = "DRAINER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Time between passes; 0 runs one pass and exits.
+    #[arg(long, env = "DRAINER_REBALANCE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub interval: Duration,
 }
 
 /// Options of `drainer exec`.

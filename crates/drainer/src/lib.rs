@@ -12,9 +12,10 @@ pub mod hook;
 pub mod peers;
 pub mod placement;
 pub mod reaper;
+pub mod rebalance;
 pub mod redistribute;
 
-use cli::{Args, Command, DrainContext, ExecArgs, PeerArgs, RedistributeArgs};
+use cli::{Args, Command, DrainContext, ExecArgs, PeerArgs, RebalanceArgs, RedistributeArgs};
 use peers::{Addressing, KubePeers, Target};
 
 /// Errors that end the drainer with [`FAILURE`](drain_api::exit_codes::FAILURE).
@@ -90,6 +91,7 @@ pub async fn run(args: Args) -> Result<i32, Error> {
     match args.command {
         Command::Redistribute(options) => run_redistribute(&args.drain, options).await,
         Command::Exec(options) => run_exec(&args.drain, options).await,
+        Command::Rebalance(options) => run_rebalance(&args.drain, options).await,
     }
 }
 
@@ -197,6 +199,60 @@ async fn progress_publisher(drain: &DrainContext) -> Option<redistribute::PodAnn
         Err(e) => {
             tracing::warn!(error = %error_chain(&e), "no kubernetes client; progress is only logged");
             None
+        }
+    }
+}
+
+/// Rebalance mode: a pass every `--interval` (or one) until SIGTERM/SIGINT. A pass that fails
+/// is logged and tried again at the next interval; with `--interval 0` it fails the run. The
+/// pod's own ordinal is `--ordinal`, or read from `--pod-name` (`<set>-<ordinal>`).
+async fn run_rebalance(drain: &DrainContext, args: RebalanceArgs) -> Result<i32, Error> {
+    let mut drain = drain.clone();
+    if drain.ordinal.is_none()
+        && let (Some(pod), Some(set)) = (&drain.pod_name, &drain.statefulset)
+    {
+        drain.ordinal = drain_api::names::parse_pod_name(pod, set);
+    }
+    let target = target(&drain, &args.peers)?;
+    let own = target.drained_ordinal;
+    let source = KubePeers::new(target);
+    let options = rebalance::Options {
+        data_dir: args.data_dir,
+        concurrency: args.concurrency as usize,
+        max_rate: args.max_rate,
+        idle_timeout: args.idle_timeout,
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(Error::Signals)?;
+    loop {
+        let pass = tokio::select! {
+            pass = rebalance::rebalance_once(&options, own, &source) => pass,
+            _ = term.recv() => return Ok(stopped("SIGTERM", 15)),
+            _ = tokio::signal::ctrl_c() => return Ok(stopped("SIGINT", 2)),
+        };
+        match pass {
+            Ok(pass) if pass.moved + pass.deferred + pass.recovered > 0 => {
+                tracing::info!(
+                    moved = pass.moved,
+                    already_there = pass.already_there,
+                    deferred = pass.deferred,
+                    recovered = pass.recovered,
+                    "rebalance pass"
+                );
+            }
+            Ok(pass) => tracing::debug!(member = pass.member, "rebalance pass: nothing to move"),
+            Err(e) if args.interval.is_zero() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(reason = e.reason(), error = %error_chain(&e), "rebalance pass failed; trying again later");
+            }
+        }
+        if args.interval.is_zero() {
+            return Ok(drain_api::exit_codes::SUCCESS);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.interval) => {}
+            _ = term.recv() => return Ok(0),
+            _ = tokio::signal::ctrl_c() => return Ok(0),
         }
     }
 }

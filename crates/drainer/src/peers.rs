@@ -56,6 +56,10 @@ pub struct PeerSet {
     pub members: Vec<i32>,
     /// The members that are Ready, have an address and are not being deleted, by ordinal.
     pub ready: BTreeMap<i32, Peer>,
+    /// Whether the drained ordinal itself is in the live range (the set was scaled back up; for
+    /// [`rebalance`](crate::rebalance), whose "drained" ordinal is the pod itself: whether it
+    /// is still a member).
+    pub drained_in_range: bool,
 }
 
 impl PeerSet {
@@ -64,6 +68,7 @@ impl PeerSet {
         let ready: BTreeMap<i32, Peer> = peers.into_iter().map(|p| (p.ordinal, p)).collect();
         Self {
             members: ready.keys().copied().collect(),
+            drained_in_range: false,
             ready,
         }
     }
@@ -391,7 +396,11 @@ pub fn select(set: &StatefulSet, pods: &[Pod], target: &Target) -> Result<PeerSe
         })?;
         ready.insert(ordinal, Peer::new(ordinal, name, url));
     }
-    Ok(PeerSet { members, ready })
+    Ok(PeerSet {
+        members,
+        ready,
+        drained_in_range: range.contains(target.drained_ordinal),
+    })
 }
 
 fn is_ready(pod: &Pod) -> bool {

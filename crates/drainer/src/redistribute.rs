@@ -23,7 +23,7 @@
 //! published on the pod ([`PodAnnotator`]).
 
 mod progress;
-mod rate;
+pub(crate) mod rate;
 pub mod records;
 pub mod transfer;
 
@@ -290,6 +290,13 @@ pub async fn redistribute<P: PeerSource>(
 ) -> Result<Summary, RedistributeError> {
     let dir = options.data_dir.as_path();
     let mounted = check_data_dir(dir, options.allow_unmounted)?;
+    let recovered = crate::rebalance::recover_claims(dir).await?;
+    if recovered > 0 {
+        tracing::info!(
+            recovered,
+            "put back records an interrupted rebalance had claimed"
+        );
+    }
     let listing = list_records(dir).await?;
     let skipped = listing.skipped.clone();
     if !skipped.is_empty() {

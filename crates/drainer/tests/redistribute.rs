@@ -366,7 +366,7 @@ async fn no_ready_peers_fails_and_every_file_stays() {
 
     let not_ready = StaticPeers(PeerSet {
         members: vec![0, 1],
-        ready: BTreeMap::new(),
+        ..PeerSet::default()
     });
     let err = redistribute(&options(data.path()), &not_ready)
         .await
@@ -752,4 +752,115 @@ async fn the_data_directory_must_be_a_mount_point() {
     let err = redistribute(&strict, &peers).await.unwrap_err();
     assert!(matches!(err, RedistributeError::DataDirNotMounted { .. }));
     assert_eq!(local_records(data.path()).len(), 3);
+}
+
+// ---- rebalance ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn rebalance_moves_what_a_pod_does_not_own_to_its_owner_and_keeps_newer_values() {
+    let servers = [
+        Datastore::start(0).await,
+        Datastore::start(1).await,
+        Datastore::start(2).await,
+    ];
+    // Pod 0 holds everything, as after a scale to 1 and back to 3.
+    let mut all = records(90);
+    let zero = datastore::Client::new(&format!("http://{}", servers[0].addr)).unwrap();
+    for (k, v) in &all {
+        zero.put(k, v.clone()).await.unwrap();
+    }
+    // A client already wrote a newer value of one of pod 2's keys to pod 2.
+    let of_2 = all
+        .keys()
+        .find(|k| placement::owner(k, &[0, 1, 2]) == 2)
+        .unwrap()
+        .clone();
+    let two = datastore::Client::new(&format!("http://{}", servers[2].addr)).unwrap();
+    two.put(&of_2, b"newer".to_vec()).await.unwrap();
+    all.insert(of_2, b"newer".to_vec());
+
+    let set = PeerSet {
+        drained_in_range: true,
+        ..PeerSet::all_ready([servers[1].peer(), servers[2].peer()])
+    };
+    let options = drainer::rebalance::Options {
+        data_dir: servers[0].dir.path().to_path_buf(),
+        concurrency: 4,
+        max_rate: 0,
+        idle_timeout: Duration::from_secs(10),
+    };
+    let pass = drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(set.clone()))
+        .await
+        .unwrap();
+
+    assert!(pass.member);
+    assert_eq!(pass.already_there, 1);
+    assert_eq!(pass.deferred, 0);
+    let refs: Vec<&Datastore> = servers.iter().collect();
+    assert_peers_hold_exactly(&refs, &all, &[0, 1, 2]).await;
+    // A second pass has nothing to do.
+    let again = drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(set))
+        .await
+        .unwrap();
+    assert_eq!(again.moved, 0);
+}
+
+#[tokio::test]
+async fn rebalance_moves_nothing_from_a_pod_being_scaled_down_or_to_an_owner_not_ready() {
+    let server = Datastore::start(0).await;
+    let zero = datastore::Client::new(&format!("http://{}", server.addr)).unwrap();
+    let all = records(30);
+    for (k, v) in &all {
+        zero.put(k, v.clone()).await.unwrap();
+    }
+    let options = drainer::rebalance::Options {
+        data_dir: server.dir.path().to_path_buf(),
+        concurrency: 4,
+        max_rate: 0,
+        idle_timeout: Duration::from_secs(10),
+    };
+    // Not a member any more: its drain moves the data, not the rebalance.
+    let leaving = PeerSet {
+        members: vec![1, 2],
+        drained_in_range: false,
+        ..PeerSet::default()
+    };
+    let pass = drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(leaving))
+        .await
+        .unwrap();
+    assert!(!pass.member);
+    assert_eq!(server.records().await, all);
+    // A member whose peers are not Ready: records wait, none is claimed or lost.
+    let waiting = PeerSet {
+        members: vec![1, 2],
+        drained_in_range: true,
+        ..PeerSet::default()
+    };
+    let pass = drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(waiting))
+        .await
+        .unwrap();
+    assert!(pass.deferred > 0 && pass.moved == 0, "{pass:?}");
+    assert_eq!(server.records().await, all);
+}
+
+#[tokio::test]
+async fn a_drain_puts_back_records_an_interrupted_rebalance_claimed() {
+    let server = Datastore::start(0).await;
+    let peers = StaticPeers(PeerSet::all_ready([server.peer()]));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(5);
+    write_local(data.path(), &all);
+    // One record was claimed by a rebalance that died mid-transfer.
+    let key = all.keys().next().unwrap();
+    std::fs::rename(
+        data.path().join(key),
+        data.path()
+            .join(format!("{}{key}", drainer::rebalance::CLAIM_PREFIX)),
+    )
+    .unwrap();
+
+    let summary = redistribute(&options(data.path()), &peers).await.unwrap();
+
+    assert_eq!(summary.records, 5, "the claimed record is a record");
+    assert_eq!(server.records().await, all);
 }

@@ -439,34 +439,46 @@ pub async fn write_records(
 
 /// Every record is readable from at least one of the pods with its exact value (the same
 /// record on two pods is allowed, with the same value), and the pods hold no other record.
+///
+/// The example's rebalance sidecars may be moving records between pods while this looks: a
+/// record listed on a pod but gone by the time it is read, or not found in one scan, is looked
+/// for again (for up to a minute). A wrong value or an unknown record fails at once.
 pub async fn assert_every_record_readable(
     ns: &TestNamespace,
     ordinals: &[i32],
     records: &BTreeMap<String, Vec<u8>>,
 ) -> Result<()> {
-    let mut seen = BTreeSet::new();
-    for &o in ordinals {
-        let store = store_of(ns, o).await?;
-        for key in store.list().await? {
-            let got = store
-                .get(&key)
-                .await?
-                .with_context(|| format!("record {key} listed but not readable on pod {o}"))?;
-            match records.get(&key) {
-                Some(want) if *want == got => {}
-                Some(_) => bail!("record {key} on pod {o} has a different value"),
-                None => bail!("pod {o} holds an unknown record {key}"),
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut seen = BTreeSet::new();
+        let mut in_transit = Vec::new();
+        for &o in ordinals {
+            let store = store_of(ns, o).await?;
+            for key in store.list().await? {
+                let Some(got) = store.get(&key).await? else {
+                    in_transit.push(format!("{key} (listed on pod {o}, then gone)"));
+                    continue;
+                };
+                match records.get(&key) {
+                    Some(want) if *want == got => {}
+                    Some(_) => bail!("record {key} on pod {o} has a different value"),
+                    None => bail!("pod {o} holds an unknown record {key}"),
+                }
+                seen.insert(key);
             }
-            seen.insert(key);
         }
+        let missing: Vec<&String> = records.keys().filter(|k| !seen.contains(*k)).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {} records lost, e.g. {:?} (moving when last looked: {:?})",
+            missing.len(),
+            records.len(),
+            missing.iter().take(10).collect::<Vec<_>>(),
+            in_transit.iter().take(10).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let missing: Vec<&String> = records.keys().filter(|k| !seen.contains(*k)).collect();
-    ensure!(
-        missing.is_empty(),
-        "{} of {} records lost, e.g. {:?}",
-        missing.len(),
-        records.len(),
-        missing.iter().take(10).collect::<Vec<_>>()
-    );
-    Ok(())
 }

@@ -153,10 +153,13 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
     let _controller = ControllerProcess::start(&ns.name, &[]);
     // Two replicas, and a drain slowed to 150 records/s so it can be interrupted.
     apply_example(&ns, |t| {
-        t.replace("replicas: 3", "replicas: 2").replace(
-            r#""--peer-port", "8080"]"#,
-            r#""--peer-port", "8080", "--max-rate", "150"]"#,
-        )
+        // Records are placed on pod 1 on purpose: no rebalance may move them before the drain.
+        t.replace("replicas: 3", "replicas: 2")
+            .replace(
+                r#""--peer-port", "8080"]"#,
+                r#""--peer-port", "8080", "--max-rate", "150"]"#,
+            )
+            .replace(r#""--interval", "30s""#, r#""--interval", "1h""#)
     })?;
     wait_running(&ns, &pod_names("datastore", 0..2)).await?;
     // Everything on pod 1, the one to be drained.

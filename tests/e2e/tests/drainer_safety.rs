@@ -1,6 +1,7 @@
 //! The drainer's safety rules on the real cluster: it never overwrites a newer value on the new
 //! owner, never succeeds on a directory that is not the claim, publishes its progress on its
-//! pod (copied into the set's status), and a drain whose progress stalls is retried.
+//! pod (copied into the set's status), a drain whose progress stalls is retried, and after a
+//! scale-up the example's rebalance sidecar puts every record back on its owner.
 
 use std::time::Duration;
 
@@ -188,5 +189,50 @@ async fn a_drain_without_progress_for_the_stall_time_is_retried() -> Result<()> 
     let status = drain_status(&ns, "web").await?.unwrap_or_default();
     eprintln!("status: {status}");
     assert_claim_unchanged(&ns, "data-web-2", &claim).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn after_3_to_1_to_3_every_record_is_on_its_owner_again() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-rebalance").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let records =
+        example_with_records(&ns, &[(r#""--interval", "30s""#, r#""--interval", "2s""#)]).await?;
+
+    scale(&ns, DATASTORE, 1).await?;
+    wait_claim_gone(&ns, "data-datastore-2", T).await?;
+    wait_claim_gone(&ns, "data-datastore-1", T).await?;
+    ensure!(
+        store_of(&ns, 0).await?.list().await?.len() == RECORDS,
+        "pod 0 holds every record after the drains"
+    );
+    scale(&ns, DATASTORE, 3).await?;
+    for name in pod_names(DATASTORE, 0..3) {
+        wait_stateful_pod_back(&ns, &name).await?;
+    }
+    // A client routing by the same hash over 0..3 finds every key on its owner, and only there.
+    wait_for(T, "every record on its owner", || async {
+        let mut held = std::collections::BTreeMap::new();
+        for o in 0..3 {
+            for key in store_of(&ns, o).await?.list().await? {
+                held.entry(key).or_insert_with(Vec::new).push(o);
+            }
+        }
+        Ok(records.keys().all(|k| {
+            held.get(k).map(Vec::as_slice) == Some(&[drainer::placement::owner(k, &[0, 1, 2])][..])
+        }) && held.len() == records.len())
+    })
+    .await?;
+    for o in 0..3 {
+        let store = store_of(&ns, o).await?;
+        for key in store.list().await? {
+            let value = store.get(&key).await?.context("readable")?;
+            ensure!(
+                records.get(&key) == Some(&value),
+                "record {key} on pod {o} differs"
+            );
+        }
+    }
     Ok(())
 }
