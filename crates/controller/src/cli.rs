@@ -28,8 +28,9 @@ pub struct Args {
     /// restartPolicy OnFailure): a failed attempt, deleted and retried.
     #[arg(long, env = "DRAIN_CONTROLLER_MAX_RESTARTS", default_value_t = 3)]
     pub max_restarts: u32,
-    /// Under drain-on-scale-up: finish, the longest a returning ordinal waits for its drain
-    /// before the drain is cancelled (Warning ScaleUpWaitExceeded).
+    /// Under drain-on-scale-up: finish, the longest a returning ordinal waits for a drain that
+    /// makes no progress (from the scale-up or the drain's last published progress) before the
+    /// drain is cancelled (Warning ScaleUpWaitExceeded).
     #[arg(long, env = "DRAIN_CONTROLLER_SCALE_UP_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub scale_up_wait: Duration,
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.

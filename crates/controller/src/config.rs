@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnScaleUp {
     /// The drain completes; the returning pod gets a fresh claim (annotation value `finish`). The
-    /// returning pod waits at most the controller's `--scale-up-wait`.
+    /// returning pod waits at most the controller's `--scale-up-wait` without drain progress.
     Finish,
     /// The drain pod is stopped; the returning pod gets its claims back, unless the drain had
     /// already succeeded (annotation value `cancel`, the default).

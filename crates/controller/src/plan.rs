@@ -1067,17 +1067,27 @@ impl<'a> Planner<'a> {
             self.clear_record(ord);
             return None;
         }
-        let wait_until = match ord.record.returned_at {
+        let returned_at = match ord.record.returned_at {
             None => {
                 self.act(Action::RecordReturn {
                     ordinal: ord.ordinal,
                     claims: ord.live_refs(),
                     at: self.now,
                 });
-                add(self.now, self.settings.scale_up_wait)
+                self.now
             }
-            Some(at) => add(at, self.settings.scale_up_wait),
+            Some(at) => at,
         };
+        // The returning pod waits as long as the drain makes progress, and at most
+        // `scale_up_wait` without any (measured from the return or the last progress).
+        let progressed = drain
+            .progress
+            .as_ref()
+            .and_then(|p| p.changed_at.parse::<Timestamp>().ok());
+        let wait_until = add(
+            progressed.map_or(returned_at, |p| p.max(returned_at)),
+            self.settings.scale_up_wait,
+        );
         if wait_until <= self.now {
             self.act(delete(DeleteWhy::ScaleUpWaitExceeded, true));
             self.clear_record(ord);

@@ -14,7 +14,8 @@ pub mod annotations {
     /// What a scale-up does to a drain in flight for an ordinal that comes back in range:
     /// `cancel` (default: the drain pod is stopped and the returning pod gets its claims back,
     /// unless the drain already succeeded) or `finish` (the drain completes and the returning pod
-    /// gets a fresh claim; the returning pod waits at most the controller's `--scale-up-wait`).
+    /// gets a fresh claim; the returning pod waits at most the controller's `--scale-up-wait`
+    /// without progress).
     pub const ON_SCALE_UP: &str = "statefulsets.kubernetes.io/drain-on-scale-up";
     /// `false` stops the drain pod from inheriting placement and identity (tolerations, node
     /// selector, affinity, image pull secrets, service account, security context) from the

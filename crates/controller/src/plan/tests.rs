@@ -1160,9 +1160,31 @@ fn under_finish_the_returning_ordinal_waits_at_most_the_scale_up_wait() {
         ]
     );
     // Before the wait is over it keeps waiting and looks again when it ends.
-    let plan = super::plan(&snap(3, vec![c], pods), &finish(), t(-100));
+    let plan = super::plan(&snap(3, vec![c.clone()], pods.clone()), &finish(), t(-100));
     assert!(plan.actions.is_empty());
     assert_eq!(plan.requeue_after, Some(Duration::from_secs(100)));
+}
+
+#[test]
+fn under_finish_a_drain_that_makes_progress_keeps_the_returning_ordinal_waiting() {
+    let record = DrainRecord {
+        returned_at: Some(t(-1000)),
+        ..running_record(2)
+    };
+    let c = with_record(claim("data", 2), record);
+    let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    drain_of(&mut pod).progress = Some(progress(500, t(-60)));
+    let plan = plan(
+        &snap(3, vec![c.clone()], vec![pod.clone()]),
+        &finish(),
+        t(0),
+    );
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(240)));
+    // Progress that stopped longer than the wait ago: cancelled.
+    drain_of(&mut pod).progress = Some(progress(500, t(-301)));
+    let plan = super::plan(&snap(3, vec![c], vec![pod]), &finish(), t(0));
+    assert_eq!(plan.actions[0], stop_pod(2, DeleteWhy::ScaleUpWaitExceeded));
 }
 
 #[test]
