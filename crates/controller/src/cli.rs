@@ -33,6 +33,14 @@ pub struct Args {
     /// drain is cancelled (Warning ScaleUpWaitExceeded).
     #[arg(long, env = "DRAIN_CONTROLLER_SCALE_UP_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub scale_up_wait: Duration,
+    /// Address of the admin HTTP server: /metrics (Prometheus), /livez, /readyz. Port 0 picks
+    /// a free port (logged).
+    #[arg(
+        long,
+        env = "DRAIN_CONTROLLER_ADMIN_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub admin_address: std::net::SocketAddr,
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.
     #[arg(long, env = "DRAIN_CONTROLLER_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
     pub resync: Duration,

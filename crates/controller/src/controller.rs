@@ -25,6 +25,7 @@ use serde_json::json;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::act::{self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Severity, Subject};
+use crate::metrics::Metrics;
 use crate::status::StatusReport;
 use crate::status_memo::StatusMemo;
 use crate::validate::{self, Flags};
@@ -43,6 +44,24 @@ pub struct ControllerConfig {
     pub flags: Flags,
     /// Reconcile each opted-in set at least this often.
     pub resync: Duration,
+}
+
+/// What the controller reports to the admin server: its metrics, and whether its caches synced.
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    /// The metrics it updates.
+    pub metrics: Arc<Metrics>,
+    /// Set to `true` once every watch cache synced (`/readyz`).
+    pub ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            metrics: Arc::default(),
+            ready: tokio::sync::watch::channel(false).0,
+        }
+    }
 }
 
 /// A reconcile that failed.
@@ -95,6 +114,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
     /// The status last written per set, for reads from a cache that has not caught up yet.
     written: StatusMemo,
+    /// The metrics.
+    metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -298,6 +319,7 @@ fn any_set_ref(sets: &Store<StatefulSet>, name: &str, ns: &str) -> Option<Object
 pub async fn run(
     client: Client,
     config: ControllerConfig,
+    telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
     let ns = config.namespace.as_deref();
@@ -344,6 +366,7 @@ pub async fn run(
     });
 
     let (stateful_pods, sp_writer) = reflector::store();
+    let gone = Arc::clone(&telemetry.metrics);
     let sp_stream = watch::changes(
         watcher(
             api::<PartialObjectMeta<Pod>>(&client, ns),
@@ -351,6 +374,12 @@ pub async fn run(
         )
         .default_backoff()
         .modify(slim_pod_meta)
+        .inspect_ok(move |event| {
+            // For the reaction-time histogram: when a stateful pod disappeared.
+            if let watcher::Event::Delete(pod) = event {
+                gone.pod_gone(&pod.namespace().unwrap_or_default(), &pod.name_any());
+            }
+        })
         .reflect(sp_writer),
         Filter {
             fingerprint: stateful_pod_fingerprint,
@@ -379,14 +408,14 @@ pub async fn run(
         controller: FIELD_MANAGER.to_owned(),
         instance: std::env::var("POD_NAME").ok(),
     };
-    let (ready_tx, ready) = tokio::sync::watch::channel(false);
+    let ready = telemetry.ready.subscribe();
     let gate = tokio::spawn(gate_readiness(
         Caches {
             stateful_pods: stateful_pods.clone(),
             drain_pods: drain_pods.clone(),
             claims: claims.clone(),
         },
-        ready_tx,
+        telemetry.ready,
     ));
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
@@ -399,6 +428,7 @@ pub async fn run(
         config,
         failures: Mutex::default(),
         written: StatusMemo::default(),
+        metrics: telemetry.metrics,
         ready,
     });
 
@@ -469,6 +499,7 @@ struct KubeCluster<'a> {
     claims: Api<PersistentVolumeClaim>,
     recorder: &'a Recorder,
     set: ObjectReference,
+    metrics: &'a Metrics,
 }
 
 fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
@@ -508,7 +539,9 @@ impl Cluster for KubeCluster<'_> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        match self.pods.create(&pp, pod).await {
+        let result = self.pods.create(&pp, pod).await;
+        self.metrics.request("create", "pods", &result);
+        match result {
             Ok(p) => Ok(Created::Uid(p.metadata.uid.unwrap_or_default())),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::AlreadyExists),
             Err(e) => Err(e),
@@ -522,7 +555,9 @@ impl Cluster for KubeCluster<'_> {
         resource_version: Option<&str>,
     ) -> Result<Deleted, kube::Error> {
         let params = preconditioned(uid, resource_version);
-        match self.pods.delete(name, &params).await {
+        let result = self.pods.delete(name, &params).await;
+        self.metrics.request("delete", "pods", &result);
+        match result {
             Ok(_) => Ok(Deleted::Deleted),
             Err(kube::Error::Api(s))
                 if s.code == 409
@@ -537,12 +572,10 @@ impl Cluster for KubeCluster<'_> {
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
-        ok_if_gone(
-            self.claims
-                .delete(name, &preconditioned(uid, None))
-                .await
-                .map(|_| ()),
-        )
+        let result = self.claims.delete(name, &preconditioned(uid, None)).await;
+        self.metrics
+            .request("delete", "persistentvolumeclaims", &result);
+        ok_if_gone(result.map(|_| ()))
     }
 
     async fn annotate_claim(
@@ -557,7 +590,10 @@ impl Cluster for KubeCluster<'_> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        match self.claims.patch(name, &pp, &Patch::Merge(patch)).await {
+        let result = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
+        self.metrics
+            .request("patch", "persistentvolumeclaims", &result);
+        match result {
             Ok(_) => Ok(()),
             Err(e) if gone_or_replaced(&e) => Ok(()),
             Err(e) => Err(e),
@@ -566,7 +602,9 @@ impl Cluster for KubeCluster<'_> {
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
         let name = self.set.name.clone().unwrap_or_default();
-        let Some(set) = self.sets.get_opt(&name).await? else {
+        let result = self.sets.get_opt(&name).await;
+        self.metrics.request("get", "statefulsets", &result);
+        let Some(set) = result? else {
             return Ok(false);
         };
         if set.metadata.uid != self.set.uid || set.metadata.deletion_timestamp.is_some() {
@@ -578,7 +616,9 @@ impl Cluster for KubeCluster<'_> {
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
-        Ok(self.pods.get_opt(name).await?.and_then(|p| p.metadata.uid))
+        let result = self.pods.get_opt(name).await;
+        self.metrics.request("get", "pods", &result);
+        Ok(result?.and_then(|p| p.metadata.uid))
     }
 
     async fn event(&self, event: &EventSpec) {
@@ -642,7 +682,9 @@ async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Resu
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    match api.patch(&name, &pp, &Patch::Merge(patch)).await {
+    let result = api.patch(&name, &pp, &Patch::Merge(patch)).await;
+    ctx.metrics.request("patch", "statefulsets", &result);
+    match result {
         Ok(patched) => {
             ctx.written.remember(&patched);
             Ok(())
@@ -767,6 +809,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             claims: Api::namespaced(ctx.client.clone(), &ns),
             recorder: &ctx.recorder,
             set: set_ref.clone(),
+            metrics: &ctx.metrics,
         };
         let act_ctx = ActCtx {
             set_name: &name,
@@ -781,6 +824,8 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe()).await;
             errors.entry(*ordinal).or_insert_with(|| e.describe());
         }
+        let failed_ordinals = errors.keys().copied().collect();
+        ctx.metrics.record_reconcile(&ns, &name, &plan, &snap, &failed_ordinals);
 
         // report
         report(&ctx, &set, &StatusReport::of(&plan.status, problem, &errors)).await?;
@@ -788,6 +833,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             return Err(Error::Act { count: errors.len(), first });
         }
         ctx.failures.lock().expect("failures lock").remove(&ObjectRef::from_obj(set.as_ref()));
+        ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
         Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)))
     }
     .instrument(span)
@@ -801,6 +847,18 @@ fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Requeu
         .entry(ObjectRef::from_obj(set.as_ref()))
         .or_insert(0);
     *n = n.saturating_add(1);
+    ctx.metrics
+        .reconciles
+        .get_or_create(&crate::metrics::ResultLabels {
+            result: "error".into(),
+        })
+        .inc();
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: err.reason().to_owned(),
+        })
+        .inc();
     let delay = plan::backoff(*n, Duration::from_secs(1), Duration::from_secs(300));
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
     Requeue::requeue(delay)

@@ -8,11 +8,13 @@
 //! indexes).
 
 pub mod act;
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
+pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod status;
@@ -52,6 +54,13 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         }
         tracing::info!("shutting down");
     };
-    controller::run(client, config, shutdown).await?;
+    let telemetry = controller::Telemetry::default();
+    let admin = admin::AdminState {
+        metrics: std::sync::Arc::clone(&telemetry.metrics),
+        ready: telemetry.ready.subscribe(),
+    };
+    let bound = admin::serve(args.admin_address, admin).await?;
+    tracing::info!(address = %bound, "admin server listening (/metrics, /livez, /readyz)");
+    controller::run(client, config, telemetry, shutdown).await?;
     Ok(())
 }

@@ -273,6 +273,9 @@ impl ControllerProcess {
                 "500ms",
                 "--retry-max-delay",
                 "2s",
+                // Tests run several controllers at once: each on a free admin port (logged).
+                "--admin-address",
+                "127.0.0.1:0",
             ])
             .args(extra)
             .env("KUBECONFIG", kubeconfig_path())
@@ -282,6 +285,31 @@ impl ControllerProcess {
             .spawn()
             .expect("start the controller");
         Self { child, log }
+    }
+
+    /// The base URL of its admin server (`http://127.0.0.1:<port>`), read from its log.
+    pub fn admin_url(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            // The last start in the log (it is appended to across runs).
+            if let Some(line) = text
+                .lines()
+                .rev()
+                .find(|l| l.contains("admin server listening"))
+                && let Some(addr) = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("address="))
+            {
+                return format!("http://{}", addr.trim_matches('"'));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no admin address in {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Kills it at once (SIGKILL), as a crash would.

@@ -1,0 +1,121 @@
+//! What an operator runs the controller with: the admin port's /metrics, /livez and /readyz,
+//! scraped while the controller drains on the real cluster.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use drain_api::annotations::{DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
+use e2e::faults::wait_ordinal_state;
+use e2e::objects::{SetBuilder, drain_template};
+use e2e::ops::*;
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use serde_json::json;
+
+const T: Duration = Duration::from_secs(120);
+
+async fn get(url: &str) -> Result<(u16, String)> {
+    let response = reqwest::get(url)
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// The value of the sample `name{labels}` (labels as written by the exposition, `""` for none).
+fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_and_health_show_a_drain() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-metrics").await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    let admin = controller.admin_url();
+    wait_for(T, "/readyz 200", || async {
+        Ok(get(&format!("{admin}/readyz")).await?.0 == 200)
+    })
+    .await?;
+    ensure!(get(&format!("{admin}/livez")).await?.0 == 200, "/livez");
+
+    // One ordinal drains and succeeds; another fails once for good (max attempts 1).
+    let script = r#"if [ "$HOSTNAME" = web-1 ]; then exit 3; fi; sleep 1"#;
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template(script, &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .annotation(MAX_ATTEMPTS, "1")
+        .parallel();
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 1).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_ordinal_state(&ns, "web", 1, "failed").await?;
+
+    let labels = format!(r#"namespace="{}",statefulset="web""#, ns.name);
+    let metrics_url = format!("{admin}/metrics");
+    let last = std::sync::Mutex::new(String::new());
+    wait_for(T, "metrics of the drains", || async {
+        let text = get(&metrics_url).await?.1;
+        let done = sample(&text, "statefulset_drain_drains_succeeded_total", &labels) == Some(1.0)
+            && sample(&text, "statefulset_drain_drains_gave_up_total", &labels) == Some(1.0);
+        *last.lock().unwrap() = text;
+        Ok(done)
+    })
+    .await
+    .with_context(|| format!("metrics:\n{}", last.lock().unwrap()))?;
+    let text = last.into_inner().unwrap();
+    eprintln!("{text}");
+    ensure!(
+        sample(&text, "statefulset_drain_drains_started_total", &labels) == Some(2.0),
+        "started"
+    );
+    ensure!(
+        sample(
+            &text,
+            "statefulset_drain_drains_failed_total",
+            &format!(r#"{labels},kind="failed""#)
+        ) == Some(1.0),
+        "failed"
+    );
+    ensure!(
+        sample(&text, "statefulset_drain_reaction_seconds_count", "").unwrap_or(0.0) >= 1.0,
+        "reaction time observed"
+    );
+    ensure!(
+        sample(
+            &text,
+            "statefulset_drain_drain_duration_seconds_count",
+            &labels
+        ) == Some(1.0),
+        "drain duration observed"
+    );
+    ensure!(
+        sample(
+            &text,
+            "statefulset_drain_kube_requests_total",
+            r#"verb="create",resource="pods",code="200""#
+        )
+        .unwrap_or(0.0)
+            >= 2.0,
+        "API requests counted"
+    );
+    ensure!(
+        sample(
+            &text,
+            "statefulset_drain_reconciles_total",
+            r#"result="ok""#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "reconciles counted"
+    );
+    ensure!(!text.contains("web-2"), "no pod or claim names in labels");
+    Ok(())
+}
