@@ -117,5 +117,30 @@ async fn metrics_and_health_show_a_drain() -> Result<()> {
         "reconciles counted"
     );
     ensure!(!text.contains("web-2"), "no pod or claim names in labels");
+
+    // The kubectl view of the same drains, as a user runs it (the plugin binary on PATH).
+    let plugin = e2e::release_dir().join("kubectl-drain_status");
+    let out = std::process::Command::new(&plugin)
+        .args(["-n", &ns.name])
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()
+        .with_context(|| format!("run {}", plugin.display()))?;
+    let shown = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{shown}{}", String::from_utf8_lossy(&out.stderr));
+    ensure!(out.status.success(), "kubectl drain-status failed");
+    let row = |ordinal: &str| {
+        shown
+            .lines()
+            .find(|l| l.split_whitespace().take(2).eq(["web", ordinal]))
+            .map(str::to_owned)
+    };
+    ensure!(
+        row("2").is_some_and(|r| r.contains("done")),
+        "ordinal 2 done:\n{shown}"
+    );
+    ensure!(
+        row("1").is_some_and(|r| r.contains("failed") && r.contains("data-web-1")),
+        "ordinal 1 failed with its claim:\n{shown}"
+    );
     Ok(())
 }
