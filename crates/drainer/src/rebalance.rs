@@ -100,11 +100,7 @@ pub async fn rebalance_once<P: PeerSource>(
         ?members,
         "moving records this pod does not own"
     );
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5).min(options.idle_timeout))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(RedistributeError::HttpClient)?;
+    let http = transfer::client(options.idle_timeout).map_err(RedistributeError::HttpClient)?;
     let limiter = RateLimiter::new(options.max_rate);
     let results: Vec<Result<Option<Delivered>, RedistributeError>> = futures::stream::iter(moves)
         .map(|(key, owner)| move_one(options, &http, limiter.as_ref(), &set, key, owner))

@@ -309,11 +309,7 @@ pub async fn redistribute<P: PeerSource>(
             ..Summary::default()
         });
     }
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5).min(options.idle_timeout))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(RedistributeError::HttpClient)?;
+    let http = transfer::client(options.idle_timeout).map_err(RedistributeError::HttpClient)?;
     let limiter = RateLimiter::new(options.max_rate);
     let mut progress = Progress::new(
         listing.records.len(),

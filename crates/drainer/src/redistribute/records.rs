@@ -53,25 +53,7 @@ pub enum Mounted {
 
 /// Checks that `dir` exists, is a directory, and is a mount point (unless `allow_unmounted`).
 pub fn check_data_dir(dir: &Path, allow_unmounted: bool) -> Result<Mounted, RedistributeError> {
-    let meta = match fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => meta,
-        Ok(_) => {
-            return Err(RedistributeError::DataDirNotADirectory {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(RedistributeError::DataDirMissing {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(source) => {
-            return Err(RedistributeError::ReadDataDir {
-                dir: dir.to_path_buf(),
-                source,
-            });
-        }
-    };
+    let meta = dir_metadata(dir)?;
     let canonical = fs::canonicalize(dir).map_err(|source| RedistributeError::ReadDataDir {
         dir: dir.to_path_buf(),
         source,
@@ -93,6 +75,23 @@ pub fn check_data_dir(dir: &Path, allow_unmounted: bool) -> Result<Mounted, Redi
     Err(RedistributeError::DataDirNotMounted {
         dir: dir.to_path_buf(),
     })
+}
+
+/// The metadata of `dir`, which must exist and be a directory.
+fn dir_metadata(dir: &Path) -> Result<fs::Metadata, RedistributeError> {
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(meta),
+        Ok(_) => Err(RedistributeError::DataDirNotADirectory {
+            dir: dir.to_path_buf(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(RedistributeError::DataDirMissing {
+            dir: dir.to_path_buf(),
+        }),
+        Err(source) => Err(RedistributeError::ReadDataDir {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// The mount points listed in `/proc/self/mountinfo` text (field 5, octal escapes decoded).
@@ -139,20 +138,7 @@ fn list_records_blocking(dir: &Path) -> Result<Listing, RedistributeError> {
         dir: dir.to_path_buf(),
         source,
     };
-    match fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(RedistributeError::DataDirNotADirectory {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(RedistributeError::DataDirMissing {
-                dir: dir.to_path_buf(),
-            });
-        }
-        Err(e) => return Err(read_err(e)),
-    }
+    dir_metadata(dir)?;
     let mut listing = Listing::default();
     for entry in fs::read_dir(dir).map_err(read_err)? {
         let entry = entry.map_err(read_err)?;

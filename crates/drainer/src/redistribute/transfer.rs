@@ -97,6 +97,16 @@ pub fn classify(status: StatusCode) -> Option<Delivered> {
     }
 }
 
+/// The HTTP client of transfers: connections time out after 5 s (or the idle timeout, if
+/// shorter), redirects are not followed (a redirect is not an acknowledgement), and there is
+/// no total timeout (see [`put_record`]).
+pub fn client(idle: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5).min(idle))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+}
+
 /// `<base>/records/<key>`, the key percent-encoded as one path segment.
 pub fn record_url(base: &Url, key: &str) -> Url {
     let mut url = base.clone();
