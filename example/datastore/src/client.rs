@@ -67,11 +67,25 @@ impl Client {
     /// Stores `value` under `key`; returns once the server acknowledged a durable write.
     pub async fn put(&self, key: &str, value: impl Into<Vec<u8>>) -> Result<(), ClientError> {
         let op = "put record";
+        let (target, status) = self.send_put(op, key, value.into(), false).await?;
+        expect_success(op, target, status)
+    }
+
+    /// `PUT /records/{key}` (create-only with `If-None-Match: *` when `create_only`); the URL
+    /// and the answer's status.
+    async fn send_put(
+        &self,
+        op: &'static str,
+        key: &str,
+        value: Vec<u8>,
+        create_only: bool,
+    ) -> Result<(Url, StatusCode), ClientError> {
         let target = self.record_url(key);
-        let response = self
-            .http
-            .put(target.clone())
-            .body(value.into())
+        let mut request = self.http.put(target.clone()).body(value);
+        if create_only {
+            request = request.header(header::IF_NONE_MATCH, "*");
+        }
+        let response = request
             .send()
             .await
             .map_err(|source| ClientError::Request {
@@ -79,7 +93,7 @@ impl Client {
                 target: target.clone(),
                 source,
             })?;
-        expect_success(op, target, response.status())
+        Ok((target, response.status()))
     }
 
     /// Stores `value` under `key` only if the server has no record of that key, with
@@ -91,23 +105,11 @@ impl Client {
         value: impl Into<Vec<u8>>,
     ) -> Result<Created, ClientError> {
         let op = "create record";
-        let target = self.record_url(key);
-        let response = self
-            .http
-            .put(target.clone())
-            .header(header::IF_NONE_MATCH, "*")
-            .body(value.into())
-            .send()
-            .await
-            .map_err(|source| ClientError::Request {
-                op,
-                target: target.clone(),
-                source,
-            })?;
-        if response.status() == StatusCode::PRECONDITION_FAILED {
+        let (target, status) = self.send_put(op, key, value.into(), true).await?;
+        if status == StatusCode::PRECONDITION_FAILED {
             return Ok(Created::Exists);
         }
-        expect_success(op, target, response.status())?;
+        expect_success(op, target, status)?;
         Ok(Created::Created)
     }
 

@@ -3,68 +3,21 @@
 //! mode retries the retry exit code.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use drain_api::names::claim_name;
-use e2e::faults::{store_of, value_of};
+use e2e::faults::{apply_example, store_of, write_records};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
-use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
-use futures::{StreamExt, TryStreamExt};
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::json;
 
 const RECORDS: usize = 1000;
-
-/// Applies the example's manifest (edited by `edit`) in the namespace, as a user would.
-fn apply_example(ns: &TestNamespace, edit: impl Fn(String) -> String) -> Result<()> {
-    let text =
-        std::fs::read_to_string(repo_root().join("example/datastore/manifests/datastore.yaml"))?;
-    let mut child = kubectl()
-        .args(["-n", &ns.name, "apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(edit(text).as_bytes())?;
-    ensure!(
-        child.wait()?.success(),
-        "kubectl apply of the example failed"
-    );
-    Ok(())
-}
-
-/// Writes `RECORDS` records, each to the pod `target(key)` names; returns key → value.
-async fn write_records(
-    ns: &TestNamespace,
-    ordinals: &[i32],
-    target: impl Fn(&str) -> i32,
-) -> Result<BTreeMap<String, Vec<u8>>> {
-    let mut stores = BTreeMap::new();
-    for &o in ordinals {
-        stores.insert(o, store_of(ns, o).await?);
-    }
-    let records: BTreeMap<String, Vec<u8>> = (0..RECORDS)
-        .map(|i| format!("rec-{i:04}"))
-        .map(|k| (k.clone(), value_of(&k)))
-        .collect();
-    futures::stream::iter(records.iter().map(|(k, v)| {
-        let store = &stores[&target(k)];
-        async move { store.put(k, v.clone()).await }
-    }))
-    .buffer_unordered(16)
-    .try_collect::<Vec<_>>()
-    .await?;
-    Ok(records)
-}
 
 /// Every record readable from exactly one of the remaining pods, with its exact contents.
 async fn assert_all_records_on(
@@ -100,10 +53,10 @@ async fn scale_down_moves_every_record_to_the_remaining_pod() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "drain-move").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
-    apply_example(&ns, |t| t)?;
+    apply_example(&ns, &[])?;
     wait_running(&ns, &pod_names("datastore", 0..3)).await?;
-    let records = write_records(&ns, &[0, 1, 2], |k| {
-        drainer::placement::owner(k, &[0, 1, 2])
+    let records = write_records(&ns, RECORDS, |i| {
+        drainer::placement::owner(&format!("rec-{i:04}"), &[0, 1, 2])
     })
     .await?;
     for o in 0..3 {
@@ -152,18 +105,21 @@ async fn a_drain_pod_deleted_mid_drain_is_recreated_and_resumes_without_loss() -
     let ns = TestNamespace::new(&client, "drain-resume").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
     // Two replicas, and a drain slowed to 150 records/s so it can be interrupted.
-    apply_example(&ns, |t| {
-        // Records are placed on pod 1 on purpose: no rebalance may move them before the drain.
-        t.replace("replicas: 3", "replicas: 2")
-            .replace(
+    // Records are placed on pod 1 on purpose: no rebalance may move them before the drain.
+    apply_example(
+        &ns,
+        &[
+            ("replicas: 3", "replicas: 2"),
+            (
                 r#""--peer-port", "8080"]"#,
                 r#""--peer-port", "8080", "--max-rate", "150"]"#,
-            )
-            .replace(r#""--interval", "30s""#, r#""--interval", "1h""#)
-    })?;
+            ),
+            (r#""--interval", "30s""#, r#""--interval", "1h""#),
+        ],
+    )?;
     wait_running(&ns, &pod_names("datastore", 0..2)).await?;
     // Everything on pod 1, the one to be drained.
-    let records = write_records(&ns, &[1], |_| 1).await?;
+    let records = write_records(&ns, RECORDS, |_| 1).await?;
     let first_uid = {
         scale(&ns, "datastore", 1).await?;
         let pods = ns.api::<Pod>();
