@@ -113,6 +113,11 @@ pub trait Cluster: Sync {
     ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
     /// Publishes an Event (best effort: failures are logged, not returned).
     fn event(&self, event: &EventSpec) -> impl Future<Output = ()> + Send;
+    /// Whether this replica may still act (the leader-election fence, checked before each
+    /// action; always `true` without leader election).
+    fn may_act(&self) -> bool {
+        true
+    }
 }
 
 /// An action that failed.
@@ -145,6 +150,9 @@ pub enum ActError {
         #[source]
         source: kube::Error,
     },
+    /// This replica stopped leading: the action was not carried out.
+    #[error("not carried out: this replica no longer leads")]
+    NotLeader,
     /// Reading the set or a pod live (to confirm a cached view) failed.
     #[error("failed to read {what}")]
     Confirm {
@@ -180,6 +188,7 @@ impl ActError {
             Self::DeleteClaim { .. } => "DeleteClaimFailed",
             Self::AnnotateClaim { .. } => "AnnotateClaimFailed",
             Self::Confirm { .. } => "ReadFailed",
+            Self::NotLeader => "NotLeader",
         }
     }
 
@@ -239,6 +248,14 @@ pub async fn apply<C: Cluster>(
         let ordinal = action.ordinal();
         if stopped.contains(&ordinal) {
             continue;
+        }
+        if !cluster.may_act() {
+            warn!(
+                ordinal,
+                "no longer the leader: the remaining actions are left to the leader"
+            );
+            failed.push((ordinal, ActError::NotLeader));
+            break;
         }
         match apply_one(cluster, ctx, action).await {
             Ok(outcome) => {

@@ -44,12 +44,82 @@ pub struct Args {
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.
     #[arg(long, env = "DRAIN_CONTROLLER_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
     pub resync: Duration,
+    /// Run as one of several replicas: only the holder of a Lease acts; the others keep their
+    /// caches warm and take over when the Lease expires or is released.
+    #[arg(long, env = "DRAIN_CONTROLLER_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Namespace of the leader-election Lease (default: POD_NAMESPACE, else the service
+    /// account's namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "statefulset-drain-controller")]
+    pub leader_elect_lease_name: String,
+    /// This replica's identity in the Lease (default: POD_NAME, else hostname_pid).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+    /// How long the Lease stays valid after its last renew (whole seconds): how soon a standby
+    /// takes over from a leader that died.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long after its last successful renew the leader stops acting; the rest of the lease
+    /// duration is the clock skew tolerated between replicas.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews the Lease (whole seconds).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub leader_elect_retry_period: Duration,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub log_filter: String,
     /// Log JSON lines instead of plain text.
     #[arg(long, env = "DRAIN_CONTROLLER_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// Where the service account's namespace is mounted in a pod.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl Args {
+    /// The leader-election settings, when `--leader-elect` is on.
+    pub fn election(&self) -> Result<Option<crate::leader::ElectionConfig>, ArgsError> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = match &self.leader_elect_namespace {
+            Some(ns) => ns.clone(),
+            None => std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .map(|s| s.trim().to_owned())
+                .map_err(|_| ArgsError::NoLeaseNamespace)?,
+        };
+        let identity = match &self.leader_elect_identity {
+            Some(id) => id.clone(),
+            None => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|s| s.trim().to_owned())
+                    .unwrap_or_else(|_| "controller".to_owned());
+                format!("{host}_{}", std::process::id())
+            }
+        };
+        Ok(Some(crate::leader::ElectionConfig {
+            namespace,
+            lease_name: self.leader_elect_lease_name.clone(),
+            identity,
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        }))
+    }
+}
+
+/// Options that do not fit together.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// No namespace for the Lease.
+    #[error(
+        "--leader-elect needs the Lease's namespace: --leader-elect-namespace, POD_NAMESPACE, or a service account"
+    )]
+    NoLeaseNamespace,
 }
 
 #[cfg(test)]
@@ -78,5 +148,36 @@ mod tests {
         assert_eq!(a.max_restarts, 3);
         assert_eq!(a.scale_up_wait, Duration::from_secs(300));
         assert_eq!(a.namespace.as_deref(), Some("ns"));
+    }
+
+    #[test]
+    fn leader_election_is_off_by_default_and_configurable() {
+        let a = Args::parse_from(["x"]);
+        assert!(a.election().expect("no election").is_none());
+        let a = Args::parse_from([
+            "x",
+            "--leader-elect",
+            "--leader-elect-namespace",
+            "sys",
+            "--leader-elect-identity",
+            "pod-a",
+            "--leader-elect-lease-duration",
+            "4s",
+            "--leader-elect-renew-deadline",
+            "3s",
+            "--leader-elect-retry-period",
+            "1s",
+        ]);
+        let e = a.election().expect("valid").expect("on");
+        assert_eq!(
+            (
+                e.namespace.as_str(),
+                e.identity.as_str(),
+                e.lease_name.as_str()
+            ),
+            ("sys", "pod-a", "statefulset-drain-controller")
+        );
+        assert_eq!(e.lease_duration, Duration::from_secs(4));
+        assert_eq!(e.check(), Ok(()));
     }
 }

@@ -25,6 +25,7 @@ use serde_json::json;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::act::{self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Severity, Subject};
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::status::StatusReport;
 use crate::status_memo::StatusMemo;
@@ -44,6 +45,8 @@ pub struct ControllerConfig {
     pub flags: Flags,
     /// Reconcile each opted-in set at least this often.
     pub resync: Duration,
+    /// Whether this replica may act (leader election).
+    pub leadership: Leadership,
 }
 
 /// What the controller reports to the admin server: its metrics, and whether its caches synced.
@@ -433,7 +436,9 @@ pub async fn run(
     });
 
     let (s1, s2, s3) = (sets.clone(), sets.clone(), sets.clone());
+    let gained = ctx.config.leadership.gained();
     Controller::for_stream(set_stream, sets)
+        .reconcile_all_on(gained)
         .watches_stream(sp_stream, move |pod: PartialObjectMeta<Pod>| {
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             pod.metadata
@@ -500,6 +505,7 @@ struct KubeCluster<'a> {
     recorder: &'a Recorder,
     set: ObjectReference,
     metrics: &'a Metrics,
+    leadership: &'a Leadership,
 }
 
 fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
@@ -534,6 +540,10 @@ fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
 }
 
 impl Cluster for KubeCluster<'_> {
+    fn may_act(&self) -> bool {
+        self.leadership.is_leading()
+    }
+
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -672,7 +682,7 @@ async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Resu
     let name = set.name_any();
     let current = set.annotations().get(annotations::STATUS);
     let wanted = (report != &StatusReport::default()).then(|| report.render());
-    if current == wanted.as_ref() {
+    if current == wanted.as_ref() || !ctx.config.leadership.is_leading() {
         return Ok(());
     }
     let api: Api<StatefulSet> =
@@ -763,6 +773,11 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             ctx.written.forget(&set);
             return Ok(Requeue::await_change());
         }
+        if !ctx.config.leadership.is_leading() {
+            // A standby: the leader acts; becoming the leader reconciles every set.
+            debug!("not the leader; standing by");
+            return Ok(Requeue::await_change());
+        }
         // Read our own last status write even if the cache has not seen it yet.
         let set = match ctx.written.overlay(&set) {
             Some(fresher) => Arc::new(fresher),
@@ -810,6 +825,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             recorder: &ctx.recorder,
             set: set_ref.clone(),
             metrics: &ctx.metrics,
+            leadership: &ctx.config.leadership,
         };
         let act_ctx = ActCtx {
             set_name: &name,
@@ -818,6 +834,10 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             now,
         };
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
+        if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
+            // Lost the lease mid-reconcile: the new leader plans afresh and reports.
+            return Ok(Requeue::await_change());
+        }
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");

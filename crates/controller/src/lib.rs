@@ -14,6 +14,7 @@ pub mod config;
 pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
+pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
@@ -34,6 +35,26 @@ pub fn init_logging(filter: &str, json: bool) -> Result<(), LogError> {
 pub async fn run(args: cli::Args) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = ?args.namespace, "starting statefulset-drain-controller");
     let client = kube::Client::try_default().await?;
+    let election_config = args.election()?;
+    let telemetry = controller::Telemetry::default();
+    let admin = admin::AdminState {
+        metrics: std::sync::Arc::clone(&telemetry.metrics),
+        ready: telemetry.ready.subscribe(),
+    };
+    let bound = admin::serve(args.admin_address, admin).await?;
+    tracing::info!(address = %bound, "admin server listening (/metrics, /livez, /readyz)");
+    let election = match election_config {
+        Some(c) => Some(
+            leader::Election::start(client.clone(), c, telemetry.metrics.leader.clone()).await?,
+        ),
+        None => {
+            telemetry.metrics.leader.set(1);
+            None
+        }
+    };
+    let leadership = election
+        .as_ref()
+        .map_or_else(leader::Leadership::always, leader::Election::leadership);
     let config = controller::ControllerConfig {
         namespace: args.namespace,
         flags: validate::Flags {
@@ -44,6 +65,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
             scale_up_wait: args.scale_up_wait,
         },
         resync: args.resync,
+        leadership,
     };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -54,13 +76,11 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         }
         tracing::info!("shutting down");
     };
-    let telemetry = controller::Telemetry::default();
-    let admin = admin::AdminState {
-        metrics: std::sync::Arc::clone(&telemetry.metrics),
-        ready: telemetry.ready.subscribe(),
-    };
-    let bound = admin::serve(args.admin_address, admin).await?;
-    tracing::info!(address = %bound, "admin server listening (/metrics, /livez, /readyz)");
+    // On SIGTERM the controller finishes the reconciles in progress, then the Lease is released
+    // so a standby takes over at once.
     controller::run(client, config, telemetry, shutdown).await?;
+    if let Some(e) = election {
+        e.release().await;
+    }
     Ok(())
 }

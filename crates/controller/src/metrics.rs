@@ -17,6 +17,7 @@
 //! | `reaction_seconds` | histogram | stateful pod gone (watch event) → drain pod created, first attempts |
 //! | `reconciles_total{result}` | counter | reconciles, `ok` or `error` |
 //! | `reconcile_errors_total{reason}` | counter | failed reconciles by reason |
+//! | `leader` | gauge | `1` while this replica may act (always `1` without `--leader-elect`), else `0` |
 //! | `kube_requests_total{verb,resource,code}` | counter | the controller's own API calls (writes and reads outside the watches) by HTTP status (`0`: no answer) |
 
 use std::collections::{BTreeSet, HashMap};
@@ -117,6 +118,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReasonLabels, Counter>,
     /// API requests by verb, resource and status.
     pub kube_requests: Family<RequestLabels, Counter>,
+    /// `1` while this replica may act.
+    pub leader: Gauge,
     /// When stateful pods were seen gone, by `namespace/name`, until a drain pod is made.
     gone: Mutex<HashMap<String, Instant>>,
 }
@@ -147,6 +150,7 @@ impl Default for Metrics {
             reconciles: Family::default(),
             reconcile_errors: Family::default(),
             kube_requests: Family::default(),
+            leader: Gauge::default(),
             gone: Mutex::default(),
         };
         let r = &mut m.registry;
@@ -210,6 +214,11 @@ impl Default for Metrics {
             "kube_requests",
             "The controller's own Kubernetes API requests",
             m.kube_requests.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica may act (leader, or no leader election)",
+            m.leader.clone(),
         );
         m
     }

@@ -249,8 +249,20 @@ impl ControllerProcess {
         Self::start_with_log(namespace, extra, &filter)
     }
 
+    /// Like [`start`](Self::start), logging to `controller-<namespace>-<name>.log`: for several
+    /// controllers in one namespace.
+    pub fn start_named(namespace: &str, name: &str, extra: &[&str]) -> Self {
+        let filter =
+            std::env::var("STSD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Self::spawn(namespace, &format!("{namespace}-{name}"), extra, &filter)
+    }
+
     /// Like [`start`](Self::start), logging with this `RUST_LOG` filter.
     pub fn start_with_log(namespace: &str, extra: &[&str], filter: &str) -> Self {
+        Self::spawn(namespace, namespace, extra, filter)
+    }
+
+    fn spawn(namespace: &str, log_name: &str, extra: &[&str], filter: &str) -> Self {
         let bin = release_dir().join("statefulset-drain-controller");
         assert!(
             bin.exists(),
@@ -259,7 +271,7 @@ impl ControllerProcess {
         );
         let logs = release_dir().join("e2e-logs");
         std::fs::create_dir_all(&logs).expect("log dir");
-        let log = logs.join(format!("controller-{namespace}.log"));
+        let log = logs.join(format!("controller-{log_name}.log"));
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -309,6 +321,30 @@ impl ControllerProcess {
                 self.log.display()
             );
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends it a signal (`STOP`, `CONT`, `TERM`, ...), by `kill -<sig>`.
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} failed");
+    }
+
+    /// Waits up to `timeout` for it to exit; its exit code (`None`: killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.code());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

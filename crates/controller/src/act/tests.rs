@@ -30,6 +30,10 @@ struct Fake {
     delete_outcome: Option<Deleted>,
     /// Fail calls on this claim only.
     fail_claim: Option<&'static str>,
+    /// Lead (may act) for this many actions only.
+    lead_for: Option<usize>,
+    /// How often the fence was checked.
+    fence_checks: std::sync::atomic::AtomicUsize,
 }
 
 fn err() -> kube::Error {
@@ -119,6 +123,44 @@ impl Cluster for Fake {
             .unwrap()
             .push(Call::Event(event.reason.to_owned()));
     }
+    fn may_act(&self) -> bool {
+        let n = self
+            .fence_checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.lead_for.is_none_or(|lead| n < lead)
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_stops_leading_makes_no_further_call() {
+    let fake = Fake {
+        lead_for: Some(1),
+        ..Fake::default()
+    };
+    let actions = [
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+        delete_pod(2, DeleteWhy::Succeeded, None),
+        Action::DeleteClaims {
+            ordinal: 3,
+            claims: vec![claim(3)],
+        },
+    ];
+    let failed = run(&fake, &actions).await;
+    assert!(
+        matches!(failed.as_slice(), [(2, ActError::NotLeader)]),
+        "{failed:?}"
+    );
+    assert_eq!(
+        fake.calls(),
+        vec![
+            Call::DeleteClaim("data-web-2".to_owned(), "c2".to_owned()),
+            Call::Event("DrainSucceeded".to_owned()),
+            Call::Event("ClaimsDeleted".to_owned()),
+        ]
+    );
 }
 
 fn template() -> DrainTemplate {
