@@ -1,0 +1,454 @@
+//! The install (`artifacts/`): every kustomize overlay renders and the API server accepts what it
+//! renders (a server-side dry run), `artifacts/install.yaml` is the cluster-wide rendering, and
+//! the controller, run in the cluster from each overlay (the image `tests/cluster/images` built
+//! from this source, exactly the shipped RBAC), drains a scale-down. The single-namespace install
+//! acts on its namespace only and holds no cluster-scoped permission; the ha install runs two
+//! replicas of which only the Lease holder acts, and another takes over when it goes.
+//!
+//! Each in-cluster install goes into a namespace of its own with its names suffixed (an overlay
+//! of the test's on top of the shipped one, as a user would write), so a user's install
+//! (`example/up`'s, paused by `tests/run`) is untouched. An installed controller acts on every
+//! namespace it may: the installs run one at a time, as short as they can, and each is removed
+//! when its test ends, passed or failed, before the next starts.
+
+mod installed;
+mod kustomize;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use e2e::faults::{drain_status, hold, wait_ordinal_state};
+use e2e::objects::{SetBuilder, drain_template};
+use e2e::ops::*;
+use e2e::{TestNamespace, kubectl, repo_root, wait_for};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use installed::{Install, admin_client};
+use kustomize::*;
+
+/// The overlays of `artifacts/overlays`.
+const OVERLAYS: [&str; 3] = ["cluster-wide", "single-namespace", "ha"];
+/// The namespace the overlays install the controller into.
+const SYSTEM_NAMESPACE: &str = "statefulset-drain-system";
+/// The namespace the single-namespace overlay watches as shipped.
+const SHIPPED_WATCHED: &str = "default";
+
+// --- rendering and the dry run ----------------------------------------------------------------
+
+/// The namespace the overlays install into, created for the dry run when it does not exist
+/// (a server-side dry run does not create the Namespace it applies, so the objects in it would
+/// find none), and deleted again when dropped if it was created here.
+struct SystemNamespace {
+    created: bool,
+}
+
+impl SystemNamespace {
+    async fn ensure(client: &Client) -> Result<Self> {
+        let api: Api<Namespace> = Api::all(client.clone());
+        if api.get_opt(SYSTEM_NAMESPACE).await?.is_some() {
+            return Ok(Self { created: false });
+        }
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": SYSTEM_NAMESPACE}}))?;
+        api.create(&PostParams::default(), &ns).await?;
+        Ok(Self { created: true })
+    }
+}
+
+impl Drop for SystemNamespace {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = kubectl()
+                .args(["delete", "namespace", SYSTEM_NAMESPACE, "--wait=false"])
+                .output();
+        }
+    }
+}
+
+/// The cluster-scoped objects among those the API server admitted, as "Kind name".
+fn cluster_scoped(admitted: &[serde_json::Value]) -> Vec<String> {
+    admitted
+        .iter()
+        .filter(|o| o["metadata"]["namespace"].is_null())
+        .map(|o| format!("{} {}", kind(o), name(o)))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
+    let client = admin_client().await?;
+    let _system = SystemNamespace::ensure(&client).await?;
+    let mut rendered = BTreeMap::new();
+    let mut admitted = BTreeMap::new();
+    for overlay in OVERLAYS {
+        let dir = overlay_dir(overlay);
+        let objects = render(&dir).with_context(|| overlay.to_owned())?;
+        eprintln!("{overlay}: {:?}", kinds(&objects));
+        admitted.insert(overlay, validate(&dir).with_context(|| overlay.to_owned())?);
+        rendered.insert(overlay, objects);
+    }
+
+    // cluster-wide: one replica acting on every namespace, through a ClusterRole.
+    let cw = &rendered["cluster-wide"];
+    let args = check_deployment(cw)?;
+    ensure!(args.len() == 1, "cluster-wide args {args:?}");
+    ensure!(
+        the(cw, "Deployment", NAME)?["spec"]["replicas"] == 1,
+        "one replica"
+    );
+    let binding = the(cw, "ClusterRoleBinding", NAME)?;
+    ensure!(
+        binding["subjects"]
+            == json!([{"kind": "ServiceAccount", "name": NAME, "namespace": SYSTEM_NAMESPACE}]),
+        "binding {}",
+        binding["subjects"]
+    );
+
+    // single-namespace: --namespace, a Role and RoleBinding there with the same rules, and no
+    // cluster-scoped object but the controller's Namespace.
+    let sn = &rendered["single-namespace"];
+    let args = check_deployment(sn)?;
+    ensure!(
+        args[1..] == [format!("--namespace={SHIPPED_WATCHED}")],
+        "single-namespace args {args:?}"
+    );
+    let scoped = cluster_scoped(&admitted["single-namespace"]);
+    ensure!(
+        scoped == [format!("Namespace {SYSTEM_NAMESPACE}")],
+        "cluster-scoped objects in the single-namespace install: {scoped:?}"
+    );
+    for k in ["Role", "RoleBinding"] {
+        ensure!(
+            the(sn, k, NAME)?["metadata"]["namespace"] == SHIPPED_WATCHED,
+            "{k} in the watched namespace"
+        );
+    }
+    ensure!(
+        controller_rules(sn, "Role")? == controller_rules(cw, "ClusterRole")?,
+        "the single-namespace Role and the cluster-wide ClusterRole grant the same"
+    );
+
+    // ha: cluster-wide, two replicas, --leader-elect, the Lease's RBAC, a PDB.
+    let ha = &rendered["ha"];
+    let args = check_deployment(ha)?;
+    ensure!(args[1..] == ["--leader-elect"], "ha args {args:?}");
+    let deployment = the(ha, "Deployment", NAME)?;
+    ensure!(deployment["spec"]["replicas"] == 2, "two replicas");
+    ensure!(
+        deployment["spec"]["strategy"]["type"] == "RollingUpdate",
+        "a rolling update keeps one replica up"
+    );
+    ensure!(
+        controller_rules(ha, "ClusterRole")? == controller_rules(cw, "ClusterRole")?,
+        "ha grants what cluster-wide does"
+    );
+    let lease_role = the(ha, "Role", "statefulset-drain-controller-leader-election")?;
+    ensure!(
+        lease_role["metadata"]["namespace"] == SYSTEM_NAMESPACE
+            && lease_role["rules"]
+                == json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                           "verbs": ["get", "list", "watch", "create", "patch", "update"]}]),
+        "lease role {lease_role}"
+    );
+    let pdb = the(ha, "PodDisruptionBudget", NAME)?;
+    ensure!(pdb["spec"]["minAvailable"] == 1, "pdb {pdb}");
+
+    // The README's overlays of one's own render and are admitted too: single-namespace watching
+    // another namespace, and the same with leader election (still nothing cluster-scoped).
+    let scratch = Scratch::new("install-dry-run")?;
+    let watched = TestNamespace::new(&client, "install-dry").await?;
+    let mine = scratch.0.join("watching");
+    watching(&mine, &overlay_dir("single-namespace"), &watched.name)?;
+    let objects = render(&mine)?;
+    validate(&mine)?;
+    let args = check_deployment(&objects)?;
+    ensure!(
+        args[1..] == [format!("--namespace={}", watched.name)],
+        "{args:?}"
+    );
+    for k in ["Role", "RoleBinding"] {
+        ensure!(
+            the(&objects, k, NAME)?["metadata"]["namespace"] == watched.name.as_str(),
+            "{k} in {}",
+            watched.name
+        );
+    }
+    let mine_ha = scratch.0.join("watching-ha");
+    with_leader_election(&mine_ha, &mine)?;
+    let objects = render(&mine_ha)?;
+    let scoped = cluster_scoped(&validate(&mine_ha)?);
+    let args = check_deployment(&objects)?;
+    ensure!(
+        args[1..]
+            == [
+                format!("--namespace={}", watched.name),
+                "--leader-elect".into()
+            ],
+        "{args:?}"
+    );
+    ensure!(
+        scoped == [format!("Namespace {SYSTEM_NAMESPACE}")],
+        "cluster-scoped objects in the single-namespace install with leader election: {scoped:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn install_yaml_is_the_rendered_cluster_wide_overlay() {
+    let out = Command::new(repo_root().join("artifacts/generate"))
+        .arg("--check")
+        .env("KUBECTL", kubectl().get_program())
+        .output()
+        .expect("run artifacts/generate --check");
+    assert!(
+        out.status.success(),
+        "artifacts/install.yaml is not what artifacts/generate renders:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// --- installs in the cluster, draining ---------------------------------------------------------
+
+/// A Parallel set `web` of `replicas` with a short busybox drain, all Ready. Made before an
+/// install, to keep the install short.
+async fn ready_set(ns: &TestNamespace, replicas: i32) -> Result<()> {
+    let set = SetBuilder::new("web")
+        .replicas(replicas)
+        .parallel()
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("sleep 1", &["data"], json!({"restartPolicy": "Never"})),
+        );
+    start_set(ns, &set).await?;
+    wait_running(ns, &pod_names("web", 0..replicas)).await
+}
+
+/// Scales `web` down to `to` and waits until the drain of ordinal `to` has succeeded: its claim
+/// deleted, the drain pod removed, the status `done`. Returns the `reportingInstance` of the
+/// Event that created the drain pod (the acting controller's pod).
+async fn scale_down_and_drain(ns: &TestNamespace, to: i32) -> Result<String> {
+    let pod = format!("web-{to}");
+    scale(ns, "web", to).await?;
+    wait_claim_gone(ns, &format!("data-{pod}"), T).await?;
+    wait_ordinal_state(ns, "web", to, "done").await?;
+    wait_pod_gone(ns, &pod, T).await?;
+    let events = ns.api::<Event>().list(&ListParams::default()).await?.items;
+    let created: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("DrainPodCreated")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(&format!("drain pod {pod} ")))
+        })
+        .map(|e| e.reporting_instance.clone().unwrap_or_default())
+        .collect();
+    let by: BTreeSet<&String> = created.iter().collect();
+    match by.into_iter().collect::<Vec<_>>().as_slice() {
+        [one] if !one.is_empty() => Ok((*one).clone()),
+        _ => bail!("DrainPodCreated events for {pod}, by: {created:?}"),
+    }
+}
+
+/// What the controller may and may not do everywhere, with either cluster-wide install.
+const CLUSTER_WIDE_ALLOWED: &[&[&str]] = &[
+    &["list", "statefulsets", "--all-namespaces"],
+    &["watch", "pods", "--all-namespaces"],
+    &["create", "pods", "-n", "default"],
+    &["delete", "persistentvolumeclaims", "-n", "default"],
+    &["create", "events.events.k8s.io", "-n", "default"],
+];
+const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
+    &["get", "secrets", "-n", "default"],
+    &["update", "statefulsets", "-n", "default"],
+    &["delete", "statefulsets", "-n", "default"],
+    &["list", "persistentvolumes"],
+    &["list", "namespaces"],
+];
+
+#[tokio::test]
+async fn cluster_wide_install_drains_a_scale_down() -> Result<()> {
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "install-cw").await?;
+    ready_set(&ns, 2).await?;
+
+    let install = Install::apply("cluster-wide", None).await?;
+    let started = Instant::now();
+    install.assert_permissions(CLUSTER_WIDE_ALLOWED, CLUSTER_WIDE_DENIED)?;
+    let pods = install.wait_ready(1).await?;
+    install.assert_admin_port().await?;
+    let by = scale_down_and_drain(&ns, 1).await?;
+    ensure!(pods == [by.clone()], "drained by {by}, not {pods:?}");
+    install.assert_nothing_forbidden()?;
+    eprintln!("cluster-wide install up for {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::test]
+async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
+    let client = admin_client().await?;
+    let watched = TestNamespace::new(&client, "install-watched").await?;
+    let other = TestNamespace::new(&client, "install-other").await?;
+    ready_set(&watched, 2).await?;
+    ready_set(&other, 2).await?;
+
+    let install = Install::apply("single-namespace", Some(&watched.name)).await?;
+    let started = Instant::now();
+    // Its service account may do what the controller needs in the watched namespace and
+    // nothing anywhere else: no cluster-scoped permission at all.
+    let (w, o) = (watched.name.as_str(), other.name.as_str());
+    install.assert_permissions(
+        &[
+            &["list", "statefulsets", "-n", w],
+            &["watch", "pods", "-n", w],
+            &["create", "pods", "-n", w],
+            &["delete", "persistentvolumeclaims", "-n", w],
+            &["create", "events.events.k8s.io", "-n", w],
+        ],
+        &[
+            &["list", "statefulsets", "--all-namespaces"],
+            &["watch", "pods", "--all-namespaces"],
+            &["list", "persistentvolumeclaims", "--all-namespaces"],
+            &["list", "statefulsets", "-n", o],
+            &["create", "pods", "-n", o],
+            &["delete", "persistentvolumeclaims", "-n", o],
+            &["list", "persistentvolumes"],
+            &["list", "namespaces"],
+        ],
+    )?;
+    // A cluster-scoped call, as the controller would make without --namespace, is denied: its
+    // watches would never sync, and wait_ready below would fail.
+    let denied = kubectl()
+        .args(["get", "statefulsets", "--all-namespaces", "--as"])
+        .arg(install.service_account())
+        .output()?;
+    ensure!(
+        !denied.status.success() && String::from_utf8_lossy(&denied.stderr).contains("forbidden"),
+        "listing statefulsets in all namespaces as the controller: {}",
+        String::from_utf8_lossy(&denied.stderr)
+    );
+
+    let pods = install.wait_ready(1).await?;
+    install.assert_admin_port().await?;
+    scale(&other, "web", 1).await?;
+    let by = scale_down_and_drain(&watched, 1).await?;
+    ensure!(pods == [by.clone()], "drained by {by}, not {pods:?}");
+    // The other namespace's scale-down, older than the drain just seen, is left alone.
+    hold(
+        Duration::from_secs(3),
+        "the other namespace untouched",
+        || async {
+            assert_claims_kept(&other, &["data-web-1"]).await?;
+            ensure!(drain_pods(&other).await?.is_empty(), "a drain pod in {o}");
+            ensure!(
+                drain_status(&other, "web").await?.is_none(),
+                "a drain status in {o}"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    install.assert_nothing_forbidden()?;
+    eprintln!("single-namespace install up for {:?}", started.elapsed());
+    Ok(())
+}
+
+/// The holder of the Lease, once it names a running controller pod other than `not`.
+async fn wait_leader(install: &Install, not: Option<&str>) -> Result<String> {
+    let leases: Api<Lease> = Api::namespaced(install.client.clone(), &install.namespace);
+    let holder = std::sync::Mutex::new(None);
+    let what = format!("the Lease {NAME} held by a controller pod other than {not:?}");
+    wait_for(T, &what, || async {
+        let h = leases
+            .get_opt(NAME)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        let pods = install.pods().await?;
+        let found = h.as_ref().is_some_and(|h| {
+            Some(h.as_str()) != not && pods.iter().any(|p| p.metadata.name.as_ref() == Some(h))
+        });
+        *holder.lock().expect("lock") = h;
+        Ok(found)
+    })
+    .await
+    .with_context(|| format!("last holder {:?}", holder.lock().expect("lock")))?;
+    Ok(holder.into_inner().expect("lock").unwrap_or_default())
+}
+
+#[tokio::test]
+async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "install-ha").await?;
+    ready_set(&ns, 3).await?;
+
+    let install = Install::apply("ha", None).await?;
+    let started = Instant::now();
+    install.assert_permissions(CLUSTER_WIDE_ALLOWED, CLUSTER_WIDE_DENIED)?;
+    let own = install.namespace.as_str();
+    install.assert_permissions(
+        &[
+            &["get", "leases.coordination.k8s.io", "-n", own],
+            &["watch", "leases.coordination.k8s.io", "-n", own],
+            &["update", "leases.coordination.k8s.io", "-n", own],
+        ],
+        &[
+            &["get", "leases.coordination.k8s.io", "-n", "default"],
+            &["list", "leases.coordination.k8s.io", "--all-namespaces"],
+        ],
+    )?;
+    let pods = install.wait_ready(2).await?;
+    install.assert_admin_port().await?;
+
+    // The PodDisruptionBudget lets one replica go at a time.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &install.namespace);
+    let pdb = format!("{NAME}{}", install.suffix);
+    wait_for(
+        T,
+        "the PodDisruptionBudget allowing one disruption",
+        || async {
+            let st = pdbs.get(&pdb).await?.status.unwrap_or_default();
+            Ok(st.current_healthy == Some(2) && st.disruptions_allowed == Some(1))
+        },
+    )
+    .await?;
+
+    // One replica holds the Lease and is the one acting.
+    let leader = wait_leader(&install, None).await?;
+    eprintln!("replicas {pods:?}, leader {leader}");
+    let by = scale_down_and_drain(&ns, 2).await?;
+    ensure!(by == leader, "drained by {by}, the leader is {leader}");
+
+    // The leader goes: another replica (the standby, or the pod replacing the leader, whichever
+    // gets there first: the leader releases the Lease as it stops) takes the Lease and drains
+    // the next scale-down.
+    install.save_logs(&format!("deleting the leader {leader}"));
+    install
+        .pods_api()
+        .delete(&leader, &DeleteParams::default())
+        .await?;
+    let deleted = Instant::now();
+    let new_leader = wait_leader(&install, Some(&leader)).await?;
+    eprintln!(
+        "{new_leader} took over {:?} after the leader was deleted",
+        deleted.elapsed()
+    );
+    let by = scale_down_and_drain(&ns, 1).await?;
+    ensure!(
+        by == new_leader,
+        "drained by {by}, the leader is {new_leader}"
+    );
+    install.wait_ready(2).await?;
+    install.assert_nothing_forbidden()?;
+    eprintln!("ha install up for {:?}", started.elapsed());
+    Ok(())
+}
