@@ -388,6 +388,10 @@ async fn apply_one<C: Cluster>(
             warn!(%message, "drain blocked");
             Ok(Outcome::Done)
         }
+        Action::AwaitApproval { claims, .. } => {
+            info!(claims = %names(claims), "drain succeeded; the claims wait for approval");
+            Ok(Outcome::Done)
+        }
     }
 }
 
@@ -510,6 +514,77 @@ fn on_set(severity: Severity, reason: &'static str, note: String) -> EventSpec {
     }
 }
 
+/// The Event that reports what `action` would do, under `--dry-run` (pure; no time in the
+/// note, so an unchanged plan gives unchanged Events).
+pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
+    let pod = ctx.pod_name(action.ordinal());
+    let (reason, note) = match action {
+        Action::CreateDrainPod {
+            claims, attempt, ..
+        } => {
+            let refs: Vec<ClaimRef> = claims.values().cloned().collect();
+            (
+                "DryRunCreateDrainPod",
+                format!(
+                    "would create drain pod {pod} (attempt {attempt}) for claims {}",
+                    names(&refs)
+                ),
+            )
+        }
+        Action::RecordDrainPod { claims, .. } => (
+            "DryRunRecordDrainPod",
+            format!("would record drain pod {pod} on claims {}", names(claims)),
+        ),
+        Action::RecordFailure {
+            claims,
+            attempts,
+            reason,
+            gave_up,
+            ..
+        } => (
+            "DryRunRecordFailure",
+            format!(
+                "would count failed attempt {attempts} of drain pod {pod} on claims {} ({reason}){}",
+                names(claims),
+                if *gave_up { "; and give up" } else { "" }
+            ),
+        ),
+        Action::RecordReturn { claims, .. } => (
+            "DryRunRecordReturn",
+            format!(
+                "would record the scale-up that brought {pod} back on claims {}",
+                names(claims)
+            ),
+        ),
+        Action::DeleteDrainPod { why, .. } => (
+            "DryRunDeleteDrainPod",
+            format!("would delete drain pod {pod} ({why:?})"),
+        ),
+        Action::DeleteClaims { claims, .. } => (
+            "DryRunDeleteClaims",
+            format!(
+                "would delete claims {} (drain pod {pod} succeeded)",
+                names(claims)
+            ),
+        ),
+        Action::ClearRecord { claims, .. } => (
+            "DryRunClearRecord",
+            format!("would clear the drain record of claims {}", names(claims)),
+        ),
+        Action::AwaitApproval { claims, .. } => (
+            "DryRunAwaitApproval",
+            format!(
+                "drain pod {pod} succeeded; claims {} would wait for approval",
+                names(claims)
+            ),
+        ),
+        Action::Warn {
+            reason, message, ..
+        } => ("DryRunWarn", format!("{reason}: {message}")),
+    };
+    on_set(Severity::Normal, reason, note)
+}
+
 /// The Events that report an action's outcome (pure: the act step publishes them).
 pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<EventSpec> {
     use Severity::{Normal, Warning};
@@ -620,6 +695,15 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                      cancelled it, its claims are kept for the returning pod"
                 ),
             )],
+            DeleteWhy::ReturnedBeforeApproval => vec![on_set(
+                Normal,
+                "DrainReturnedBeforeApproval",
+                format!(
+                    "scale-up: the ordinal of drain pod {name} came back before the deletion of its \
+                     drained claims was approved; removed the drain pod, the claims are kept for \
+                     the returning pod"
+                ),
+            )],
             DeleteWhy::TemplateChanged => vec![on_set(
                 Normal,
                 "DrainTemplateChanged",
@@ -654,6 +738,24 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
         Action::Warn {
             reason, message, ..
         } => vec![on_set(Warning, reason, message.clone())],
+        Action::AwaitApproval { ordinal, claims } => {
+            let list = names(claims);
+            vec![on_set(
+                Normal,
+                "DrainAwaitingApproval",
+                format!(
+                    "drain pod {} succeeded; claims {list} are deleted once approved: kubectl \
+                     annotate pvc {} {}=true",
+                    ctx.pod_name(*ordinal),
+                    claims
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    claim_annotations::APPROVED
+                ),
+            )]
+        }
         Action::RecordDrainPod { .. }
         | Action::RecordReturn { .. }
         | Action::ClearRecord { .. } => Vec::new(),

@@ -44,6 +44,10 @@ pub struct Args {
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.
     #[arg(long, env = "DRAIN_CONTROLLER_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
     pub resync: Duration,
+    /// Watch, plan and report (log, Events with a DryRun prefix, the status annotation marked
+    /// dryRun) but create and delete nothing: to see what the controller would do.
+    #[arg(long, env = "DRAIN_CONTROLLER_DRY_RUN")]
+    pub dry_run: bool,
     /// Run as one of several replicas: only the holder of a Lease acts; the others keep their
     /// caches warm and take over when the Lease expires or is released.
     #[arg(long, env = "DRAIN_CONTROLLER_LEADER_ELECT")]

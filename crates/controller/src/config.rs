@@ -34,6 +34,9 @@ pub struct DrainConfig {
     /// A running drain pod whose published progress has not changed this long is stalled;
     /// `None` (the default) never takes a drain as stalled.
     pub stall_after: Option<Duration>,
+    /// Whether a drained claim is deleted only once a person approved it (`drain-approval:
+    /// manual`).
+    pub manual_approval: bool,
 }
 
 impl Default for DrainConfig {
@@ -45,6 +48,7 @@ impl Default for DrainConfig {
             max_attempts: None,
             deadline: None,
             stall_after: None,
+            manual_approval: false,
         }
     }
 }
@@ -114,6 +118,13 @@ impl DrainConfig {
         }
         if let Some((key, value)) = get(annotations::STALL_SECONDS) {
             config.stall_after = Some(Duration::from_secs(u64::from(positive(key, value)?)));
+        }
+        if let Some((key, value)) = get(annotations::APPROVAL) {
+            config.manual_approval = match value.trim() {
+                "manual" => true,
+                "automatic" => false,
+                _ => return Err(invalid(key, value, "manual or automatic")),
+            };
         }
         Ok(config)
     }
@@ -196,6 +207,7 @@ mod tests {
             (annotations::MAX_ATTEMPTS, " 5 "),
             (annotations::DEADLINE_SECONDS, "600"),
             (annotations::STALL_SECONDS, "120"),
+            (annotations::APPROVAL, "manual"),
             ("unrelated.example.com/key", "anything"),
         ]);
         assert_eq!(
@@ -207,6 +219,7 @@ mod tests {
                 max_attempts: Some(5),
                 deadline: Some(Duration::from_secs(600)),
                 stall_after: Some(Duration::from_secs(120)),
+                manual_approval: true,
             })
         );
     }

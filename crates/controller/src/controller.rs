@@ -47,6 +47,8 @@ pub struct ControllerConfig {
     pub resync: Duration,
     /// Whether this replica may act (leader election).
     pub leadership: Leadership,
+    /// Plan and report only (`--dry-run`).
+    pub dry_run: bool,
 }
 
 /// What the controller reports to the admin server: its metrics, and whether its caches synced.
@@ -117,6 +119,9 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
     /// The status last written per set, for reads from a cache that has not caught up yet.
     written: StatusMemo,
+    /// Under `--dry-run`: a fingerprint of the Events last published per set, so an unchanged
+    /// plan is not reported again.
+    dry_run_reported: Mutex<HashMap<ObjectRef<StatefulSet>, u64>>,
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
@@ -431,6 +436,7 @@ pub async fn run(
         config,
         failures: Mutex::default(),
         written: StatusMemo::default(),
+        dry_run_reported: Mutex::default(),
         metrics: telemetry.metrics,
         ready,
     });
@@ -812,7 +818,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         // plan
         let now = Timestamp::now();
         let plan = plan::plan(&snap, &settings, now);
-        if !plan.actions.is_empty() {
+        if !plan.actions.is_empty() && !ctx.config.dry_run {
             info!(actions = ?plan.actions, "acting");
             debug!(pods = ?snap.pods, claims = ?snap.claims, "observed");
         }
@@ -833,6 +839,9 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             template: valid.ok().map(|v| &v.template),
             now,
         };
+        if ctx.config.dry_run {
+            return dry_run(&ctx, &set, &set_ref, &act_ctx, &plan, problem).await;
+        }
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
@@ -858,6 +867,51 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
     }
     .instrument(span)
     .await
+}
+
+/// Under `--dry-run`, instead of acting: logs and reports (once per change of the plan) what
+/// each action would do, and writes the status marked `dryRun`.
+async fn dry_run(
+    ctx: &Context,
+    set: &StatefulSet,
+    set_ref: &ObjectReference,
+    act_ctx: &ActCtx<'_>,
+    plan: &plan::Plan,
+    problem: Option<String>,
+) -> Result<Requeue, Error> {
+    let events: Vec<EventSpec> = plan
+        .actions
+        .iter()
+        .map(|a| act::dry_run_event(act_ctx, a))
+        .collect();
+    let fingerprint = watch::fingerprint(
+        events
+            .iter()
+            .map(|e| (e.reason, e.note.as_str()))
+            .collect::<Vec<_>>(),
+    );
+    let key = ObjectRef::from_obj(set);
+    let changed = ctx
+        .dry_run_reported
+        .lock()
+        .expect("dry-run lock")
+        .insert(key, fingerprint)
+        != Some(fingerprint);
+    if changed {
+        for e in &events {
+            info!(reason = e.reason, note = %e.note, "dry run");
+            publish(&ctx.recorder, set_ref, e.severity, e.reason, e.note.clone()).await;
+        }
+    }
+    let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());
+    // Marked only where there is something to report.
+    status.dry_run = status != StatusReport::default();
+    report(ctx, set, &status).await?;
+    Ok(Requeue::requeue(
+        plan.requeue_after
+            .unwrap_or(ctx.config.resync)
+            .min(ctx.config.resync),
+    ))
 }
 
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).

@@ -43,6 +43,9 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
     };
     let bound = admin::serve(args.admin_address, admin).await?;
     tracing::info!(address = %bound, "admin server listening (/metrics, /livez, /readyz)");
+    if args.dry_run {
+        tracing::warn!("dry run: planning and reporting only; nothing is created or deleted");
+    }
     let election = match election_config {
         Some(c) => Some(
             leader::Election::start(client.clone(), c, telemetry.metrics.leader.clone()).await?,
@@ -66,6 +69,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         },
         resync: args.resync,
         leadership,
+        dry_run: args.dry_run,
     };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -35,6 +35,7 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         counted_pod_uid: annotation(meta, claim_annotations::COUNTED_POD_UID).map(str::to_owned),
         template_hash: annotation(meta, claim_annotations::TEMPLATE_HASH).map(str::to_owned),
         returned_at: time(claim_annotations::RETURNED_AT),
+        approved: annotation(meta, claim_annotations::APPROVED).map(str::trim) == Some("true"),
     }
 }
 

@@ -55,6 +55,8 @@ pub struct DrainRecord {
     pub template_hash: Option<String>,
     /// When a scale-up brought the ordinal back while its drain ran under `finish`.
     pub returned_at: Option<Timestamp>,
+    /// A person approved deleting this claim (`drain-approved: "true"`); per claim, not merged.
+    pub approved: bool,
 }
 
 impl DrainRecord {
@@ -240,6 +242,8 @@ pub struct Settings {
     pub max_restarts: u32,
     /// Under `finish`, the longest a returning ordinal waits for its drain.
     pub scale_up_wait: Duration,
+    /// Whether drained claims are deleted only once approved (`drain-approval: manual`).
+    pub manual_approval: bool,
 }
 
 impl Default for Settings {
@@ -258,6 +262,7 @@ impl Default for Settings {
             stuck_after: Duration::from_secs(300),
             max_restarts: 3,
             scale_up_wait: Duration::from_secs(300),
+            manual_approval: false,
         }
     }
 }
@@ -290,6 +295,9 @@ pub enum DeleteWhy {
     Stalled,
     /// It had not started and the drain template changed.
     TemplateChanged,
+    /// It succeeded, but its ordinal came back in range before the claims' deletion was
+    /// approved: the claims are kept for the returning pod.
+    ReturnedBeforeApproval,
 }
 
 /// What kind of failed attempt is counted.
@@ -392,6 +400,14 @@ pub enum Action {
         /// Claims to clear.
         claims: Vec<ClaimRef>,
     },
+    /// Tell the user that a succeeded drain waits for a person to approve deleting `claims`
+    /// (no call: an Event).
+    AwaitApproval {
+        /// Ordinal.
+        ordinal: i32,
+        /// The drained claims not approved yet.
+        claims: Vec<ClaimRef>,
+    },
     /// Tell the user about a state the controller will not resolve by itself.
     Warn {
         /// Ordinal.
@@ -414,6 +430,7 @@ impl Action {
             | Self::DeleteDrainPod { ordinal, .. }
             | Self::DeleteClaims { ordinal, .. }
             | Self::ClearRecord { ordinal, .. }
+            | Self::AwaitApproval { ordinal, .. }
             | Self::Warn { ordinal, .. } => *ordinal,
         }
     }
@@ -468,6 +485,14 @@ pub enum OrdinalState {
     Blocked {
         /// What, and what to do.
         reason: String,
+    },
+    /// The drain succeeded; its claims wait for a person's approval to be deleted
+    /// (`drain-approval: manual`).
+    AwaitingApproval {
+        /// When the wait was first reported.
+        since: String,
+        /// The claims to annotate `drain-approved=true`.
+        claims: Vec<String>,
     },
     /// The drain succeeded; claims deleted (or being deleted).
     Done {
@@ -1022,15 +1047,23 @@ impl<'a> Planner<'a> {
         drain: &DrainPod,
     ) -> Option<OrdinalState> {
         // Only exactly the claims this pod drained; a claim recreated since is not touched.
-        let done: Vec<ClaimRef> = ord
+        let drained: Vec<&Claim> = ord
             .live
             .iter()
+            .copied()
             .filter(|c| drain.claims.get(&c.name) == Some(&c.uid))
-            .map(|c| ClaimRef {
-                name: c.name.clone(),
-                uid: c.uid.clone(),
-            })
             .collect();
+        if self.settings.manual_approval {
+            let unapproved: Vec<&Claim> = drained
+                .iter()
+                .copied()
+                .filter(|c| !c.record.approved)
+                .collect();
+            if !unapproved.is_empty() {
+                return self.awaiting_approval(ord, pod, &unapproved);
+            }
+        }
+        let done = claim_refs(&drained);
         if !done.is_empty() {
             self.act(Action::DeleteClaims {
                 ordinal: ord.ordinal,
@@ -1048,6 +1081,46 @@ impl<'a> Planner<'a> {
         }
         (!ord.in_range).then(|| OrdinalState::Done {
             at: ord.done_at().unwrap_or_else(|| self.now.to_string()),
+        })
+    }
+
+    /// A succeeded drain whose claims a person must approve before they are deleted: nothing is
+    /// deleted; the drain pod keeps the name, but not a drain slot (its work is done). If the
+    /// ordinal came back in range meanwhile, the drain pod goes and the claims stay for the
+    /// returning pod.
+    fn awaiting_approval(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        unapproved: &[&Claim],
+    ) -> Option<OrdinalState> {
+        if ord.in_range {
+            if !pod.terminating {
+                self.act(Action::DeleteDrainPod {
+                    ordinal: ord.ordinal,
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    resource_version: None,
+                    why: DeleteWhy::ReturnedBeforeApproval,
+                });
+            }
+            self.clear_record(ord);
+            return None;
+        }
+        self.busy = self.busy.saturating_sub(1);
+        let since = match ord.previous {
+            Some(OrdinalState::AwaitingApproval { since, .. }) => since.clone(),
+            _ => {
+                self.act(Action::AwaitApproval {
+                    ordinal: ord.ordinal,
+                    claims: claim_refs(unapproved),
+                });
+                self.now.to_string()
+            }
+        };
+        Some(OrdinalState::AwaitingApproval {
+            since,
+            claims: unapproved.iter().map(|c| c.name.clone()).collect(),
         })
     }
 

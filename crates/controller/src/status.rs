@@ -20,6 +20,10 @@ pub struct StatusReport {
     /// Actions that failed in the last reconcile, per ordinal (retried with backoff).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub errors: BTreeMap<String, String>,
+    /// The controller runs with `--dry-run`: these states are what it would do; nothing was
+    /// created or deleted.
+    #[serde(default, rename = "dryRun", skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 impl StatusReport {
@@ -39,6 +43,7 @@ impl StatusReport {
                 .iter()
                 .map(|(o, e)| (o.to_string(), e.clone()))
                 .collect(),
+            dry_run: false,
         }
     }
 
@@ -108,5 +113,10 @@ mod tests {
         assert!(text.ends_with(r#""problem":"bad template","errors":{"2":"failed to delete claim data-web-2: denied"}}"#), "{text}");
         assert_eq!(StatusReport::parse(&text), Some(with_errors));
         assert!(StatusReport::parse("not json").is_none());
+        let mut dry = StatusReport::of(&states, None, &BTreeMap::new());
+        dry.dry_run = true;
+        let text = dry.render();
+        assert!(text.ends_with(r#","dryRun":true}"#), "{text}");
+        assert_eq!(StatusReport::parse(&text), Some(dry));
     }
 }

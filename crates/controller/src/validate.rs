@@ -96,8 +96,18 @@ pub fn settings(
             },
         ),
     };
+    // An approval annotation that does not parse still holds deletes: only `automatic` (or no
+    // annotation) lets a drained claim go without a person's approval.
+    let manual_approval = config.manual_approval
+        || set
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(drain_api::annotations::APPROVAL))
+            .is_some_and(|v| v.trim() != "automatic");
     Settings {
         new_drains,
+        manual_approval,
         max_concurrent: config.concurrency_limit(set),
         on_scale_up: config.on_scale_up,
         max_attempts: config.max_attempts,
@@ -142,6 +152,29 @@ mod tests {
         assert_eq!(s.max_attempts, Some(3));
         assert_eq!(s.on_scale_up, OnScaleUp::Finish);
         assert_eq!(s.max_concurrent, Some(1));
+    }
+
+    #[test]
+    fn an_approval_annotation_that_does_not_parse_still_holds_deletes() {
+        for (value, manual) in [
+            ("manual", true),
+            ("automatic", false),
+            (" automatic ", false),
+            ("Manual", true),
+            ("yes", true),
+            ("", true),
+        ] {
+            let set = valid().annotation(annotations::APPROVAL, value).build();
+            let validated = validate(&set);
+            let s = match &validated {
+                Ok(v) => settings(&set, Ok(v), &Flags::default()),
+                Err(_) => settings(&set, Err("invalid"), &Flags::default()),
+            };
+            assert_eq!(s.manual_approval, manual, "{value:?}");
+        }
+        let set = valid().build();
+        let v = validate(&set).unwrap();
+        assert!(!settings(&set, Ok(&v), &Flags::default()).manual_approval);
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub mod annotations {
     /// controller takes it as stalled: a failed attempt (Warning `DrainStalled`), retried.
     /// Default: no stall detection.
     pub const STALL_SECONDS: &str = "statefulsets.kubernetes.io/drain-stall-seconds";
+    /// `automatic` (the default): claims are deleted as soon as their drain succeeded.
+    /// `manual`: a drained claim is deleted only once someone annotated it
+    /// [`drain-approved=true`](crate::claim_annotations::APPROVED); until then the succeeded
+    /// drain is shown as awaiting approval. Any other value is invalid and, for safety, also
+    /// holds deletes for approval.
+    pub const APPROVAL: &str = "statefulsets.kubernetes.io/drain-approval";
     /// Written by the controller on the StatefulSet: a JSON summary of every ordinal it tracks
     /// (waiting, draining, retrying, failed, done), for `kubectl get -o yaml` readers.
     pub const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
@@ -56,8 +62,11 @@ pub mod claim_annotations {
     /// RFC 3339 time a scale-up brought the ordinal back while its drain ran under the `finish`
     /// policy: the returning pod waits for the drain at most `--scale-up-wait` from then.
     pub const RETURNED_AT: &str = "statefulsets.kubernetes.io/drain-returned-at";
+    /// Set by a person (`true`) under `drain-approval: manual`: this claim's drain succeeded and
+    /// it may be deleted. Cleared with the record when the ordinal comes back in range.
+    pub const APPROVED: &str = "statefulsets.kubernetes.io/drain-approved";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
@@ -66,6 +75,7 @@ pub mod claim_annotations {
         COUNTED_POD_UID,
         TEMPLATE_HASH,
         RETURNED_AT,
+        APPROVED,
     ];
 }
 

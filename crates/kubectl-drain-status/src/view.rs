@@ -144,6 +144,15 @@ fn set_report(set: &SetSnapshot, label: &str, now: Timestamp, report: &mut Repor
                 text(reason)
             ));
         }
+        if let ("awaitingApproval", Some(Value::Array(claims))) = (state, entry.get("claims")) {
+            let claims: Vec<String> = claims.iter().map(text).collect();
+            report.notes.push(format!(
+                "{label}: ordinal {}: drained; approve deleting its claims with: kubectl annotate pvc {} {}=true",
+                clean(key),
+                claims.join(" "),
+                drain_api::claim_annotations::APPROVED
+            ));
+        }
     }
 }
 
@@ -189,6 +198,9 @@ fn row(set: &SetSnapshot, key: &str, entry: &Value, now: Timestamp) -> Row {
             ordinal.and_then(|o| set.drain_pods.get(&pod_name(&set.name, o)).copied())
         }
         "done" => field("at")
+            .and_then(Value::as_str)
+            .and_then(|at| at.parse::<Timestamp>().ok()),
+        "awaitingApproval" => field("since")
             .and_then(Value::as_str)
             .and_then(|at| at.parse::<Timestamp>().ok()),
         _ => None,
@@ -551,6 +563,22 @@ mod tests {
         assert_eq!(
             rep.notes,
             ["web: ordinal 0: failed: 3 of 3 attempts failed"]
+        );
+    }
+
+    #[test]
+    fn awaiting_approval_shows_its_age_and_the_command_that_approves() {
+        let s = set(
+            r#"{"ordinals":{"3":{"state":"awaitingApproval","since":"2026-11-23T09:00:00Z","claims":["data-web-3"]}}}"#,
+        );
+        let r = report(&[s], false, NOW.parse().unwrap());
+        assert_eq!(cells(&r.rows[0])[..3], ["awaitingApproval", "-", "60m"]);
+        assert!(
+            r.notes.iter().any(|n| n.contains(
+                "kubectl annotate pvc data-web-3 statefulsets.kubernetes.io/drain-approved=true"
+            )),
+            "{:?}",
+            r.notes
         );
     }
 

@@ -4,11 +4,16 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use drain_api::annotations::{DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
-use e2e::faults::wait_ordinal_state;
+use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
+use drain_api::claim_annotations::APPROVED;
+use e2e::faults::{
+    assert_claim_unchanged, drain_status, hold, ordinal_state, wait_ordinal_state, wait_set_event,
+};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(120);
@@ -142,5 +147,113 @@ async fn metrics_and_health_show_a_drain() -> Result<()> {
         row("1").is_some_and(|r| r.contains("failed") && r.contains("data-web-1")),
         "ordinal 1 failed with its claim:\n{shown}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn dry_run_plans_and_reports_but_creates_and_deletes_nothing() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-dry-run").await?;
+    let mut dry = ControllerProcess::start_named(&ns.name, "dry", &["--dry-run"]);
+    let set = SetBuilder::new("web").annotation(
+        DRAINER_POD_TEMPLATE,
+        drain_template("sleep 1", &["data"], json!({})),
+    );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let uid = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 2).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+
+    let said = wait_set_event(&ns, "web", "DryRunCreateDrainPod").await?;
+    ensure!(
+        said.iter()
+            .any(|e| e.contains("would create drain pod web-2")),
+        "{said:?}"
+    );
+    wait_for(T, "a status marked dryRun", || async {
+        Ok(drain_status(&ns, "web")
+            .await?
+            .is_some_and(|s| s["dryRun"] == json!(true)))
+    })
+    .await?;
+    hold(
+        Duration::from_secs(6),
+        "nothing is created or deleted",
+        || async {
+            ensure!(drain_pods(&ns).await?.is_empty(), "a drain pod was created");
+            assert_claim_unchanged(&ns, "data-web-2", &uid).await
+        },
+    )
+    .await?;
+
+    // The same cluster state, without --dry-run: the drain the dry run announced happens.
+    dry.kill();
+    let _real = ControllerProcess::start_named(&ns.name, "real", &[]);
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    wait_for(T, "the status without dryRun", || async {
+        Ok(drain_status(&ns, "web")
+            .await?
+            .is_some_and(|s| s.get("dryRun").is_none() && ordinal_state(&s, 2) == Some("done")))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn manual_approval_deletes_a_drained_claim_only_once_approved() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-approval").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("sleep 1", &["data"], json!({})),
+        )
+        .annotation(APPROVAL, "manual");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let uid = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 2).await?;
+
+    let said = wait_set_event(&ns, "web", "DrainAwaitingApproval").await?;
+    ensure!(
+        said.iter()
+            .any(|e| e.contains("kubectl annotate pvc data-web-2")),
+        "{said:?}"
+    );
+    let status = wait_ordinal_state(&ns, "web", 2, "awaitingApproval").await?;
+    ensure!(
+        status["ordinals"]["2"]["claims"] == json!(["data-web-2"]),
+        "{status}"
+    );
+    hold(
+        Duration::from_secs(6),
+        "the drained claim waits for approval",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
+            let pod = ns.api::<Pod>().get_opt("web-2").await?;
+            ensure!(
+                pod.as_ref().is_some_and(|p| phase(p) == "Succeeded"),
+                "the succeeded drain pod keeps the name"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+
+    // Approval by hand, as the Event says.
+    ns.api::<PersistentVolumeClaim>()
+        .patch(
+            "data-web-2",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {APPROVED: "true"}}})),
+        )
+        .await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    wait_set_event(&ns, "web", "ClaimsDeleted").await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
 }

@@ -543,3 +543,50 @@ async fn a_vanished_pod_confirmed_gone_is_counted() {
     ok(run(&fake, &[failure(2, FailureKind::Vanished, false, true)]).await);
     assert!(matches!(&fake.calls()[0], Call::Annotate(..)));
 }
+
+#[test]
+fn dry_run_events_say_what_would_happen_without_times() {
+    let template = template();
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: Some(&template),
+        now: now(),
+    };
+    let cases = [
+        (
+            create(1, true),
+            "DryRunCreateDrainPod",
+            "would create drain pod web-2 (attempt 1) for claims data-web-2",
+        ),
+        (
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: vec![claim(2)],
+            },
+            "DryRunDeleteClaims",
+            "would delete claims data-web-2 (drain pod web-2 succeeded)",
+        ),
+        (
+            delete_pod(2, DeleteWhy::Cancelled, Some("7")),
+            "DryRunDeleteDrainPod",
+            "would delete drain pod web-2 (Cancelled)",
+        ),
+        (
+            failure(2, FailureKind::Failed, true, false),
+            "DryRunRecordFailure",
+            "and give up",
+        ),
+    ];
+    for (action, reason, note) in cases {
+        let e = dry_run_event(&ctx, &action);
+        assert_eq!(e.reason, reason);
+        assert!(e.note.contains(note), "{}", e.note);
+        assert!(
+            !e.note.contains("2027") && !e.note.contains("2026"),
+            "no time: {}",
+            e.note
+        );
+        assert_eq!(e.subject, Subject::Set);
+    }
+}

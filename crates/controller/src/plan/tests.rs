@@ -736,6 +736,7 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
                 counted_pod_uid: counted.then(|| "uid-p".to_owned()),
                 template_hash: Some(if stale { "h0" } else { HASH }.to_owned()),
                 returned_at: returned.map(t),
+                approved: false,
             },
         )
 }
@@ -798,10 +799,10 @@ fn arb_pod_choice() -> impl Strategy<Value = PodChoice> {
     ]
 }
 
-fn arb_ordinal() -> impl Strategy<Value = (Vec<(bool, bool)>, DrainRecord, PodChoice)> {
-    // Per claim template (data, logs): (exists, terminating).
+fn arb_ordinal() -> impl Strategy<Value = (Vec<(bool, bool, bool)>, DrainRecord, PodChoice)> {
+    // Per claim template (data, logs): (exists, terminating, approved).
     (
-        prop::collection::vec((any::<bool>(), any::<bool>()), 2),
+        prop::collection::vec((any::<bool>(), any::<bool>(), any::<bool>()), 2),
         arb_record(),
         arb_pod_choice(),
     )
@@ -815,18 +816,22 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
         prop::option::of(1u32..4),
         any::<bool>(),
         prop::option::of(1u32..4),
+        any::<bool>(),
     )
         .prop_map(
-            |(replicas, start, ordinals, max_concurrent, cancel, max_attempts)| {
+            |(replicas, start, ordinals, max_concurrent, cancel, max_attempts, manual_approval)| {
                 let mut claims = Vec::new();
                 let mut pods = Vec::new();
                 for (i, (templates, record, pod)) in ordinals.into_iter().enumerate() {
                     let o = i as i32;
                     let mut mine = Vec::new();
-                    for ((exists, term), template) in templates.into_iter().zip(["data", "logs"]) {
+                    for ((exists, term, approved), template) in
+                        templates.into_iter().zip(["data", "logs"])
+                    {
                         if exists {
                             let mut c = with_record(claim(template, o), record.clone());
                             c.terminating = term;
+                            c.record.approved = approved;
                             mine.push(c);
                         }
                     }
@@ -888,6 +893,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                         OnScaleUp::Finish
                     },
                     max_attempts,
+                    manual_approval,
                     ..settings()
                 };
                 let mut s = snap(replicas, claims, pods);
@@ -939,11 +945,28 @@ proptest! {
     }
 
     #[test]
+    fn under_manual_approval_no_claim_is_deleted_unless_approved((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::DeleteClaims { claims, .. } = action
+                && settings.manual_approval
+            {
+                for c in claims {
+                    let observed = s.claims.iter().find(|x| x.uid == c.uid).expect("observed");
+                    prop_assert!(observed.record.approved, "{} deleted without approval", c.name);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn never_more_concurrent_drains_than_allowed((s, settings) in arb_snapshot(), now in -100i64..100) {
         let plan = plan(&s, &settings, t(now));
         let creates = plan.actions.iter().filter(|a| matches!(a, Action::CreateDrainPod { .. })).count() as u32;
         if creates > 0 {
-            let existing = s.pods.iter().filter(|p| matches!(p.kind, PodKind::Drain(_))).count() as u32;
+            // A succeeded drain that only waits for approval holds its name, not a slot.
+            let awaiting: BTreeSet<i32> = plan.status.iter().filter(|(_, st)| matches!(st, OrdinalState::AwaitingApproval { .. })).map(|(o, _)| *o).collect();
+            let existing = s.pods.iter().filter(|p| matches!(p.kind, PodKind::Drain(_)) && !awaiting.contains(&p.ordinal)).count() as u32;
             let limit = settings.max_concurrent.unwrap_or(u32::MAX);
             prop_assert!(existing + creates <= limit, "{} existing + {} new > {}", existing, creates, limit);
         }
@@ -1530,4 +1553,142 @@ fn a_stall_counts_against_max_attempts() {
         plan.actions
     );
     assert!(matches!(plan.status[&2], OrdinalState::Failed { .. }));
+}
+
+// ---- manual approval ------------------------------------------------------------------------
+
+fn manual() -> Settings {
+    Settings {
+        manual_approval: true,
+        ..settings()
+    }
+}
+
+fn approved(mut c: Claim) -> Claim {
+    c.record.approved = true;
+    c
+}
+
+#[test]
+fn a_succeeded_drain_waits_for_approval_and_says_so_once() {
+    let c = claim("data", 2);
+    let mut s = snap(
+        2,
+        vec![c.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c])],
+    );
+    let first = plan(&s, &manual(), t(0));
+    assert_eq!(
+        first.actions,
+        vec![Action::AwaitApproval {
+            ordinal: 2,
+            claims: refs(&[&c])
+        }]
+    );
+    let waiting = OrdinalState::AwaitingApproval {
+        since: t(0).to_string(),
+        claims: vec![c.name.clone()],
+    };
+    assert_eq!(first.status[&2], waiting);
+    // Later reconciles: nothing to do, the same state (no new Event, no status rewrite).
+    s.previous.insert(2, waiting.clone());
+    let later = plan(&s, &manual(), t(60));
+    assert_eq!(later.actions, vec![]);
+    assert_eq!(later.status[&2], waiting);
+}
+
+#[test]
+fn approved_claims_are_deleted_then_the_drain_pod() {
+    let c = approved(claim("data", 2));
+    let s = snap(
+        2,
+        vec![c.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c])],
+    );
+    assert_eq!(
+        plan(&s, &manual(), t(0)).actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&c])
+            },
+            delete_pod(2, DeleteWhy::Succeeded)
+        ]
+    );
+}
+
+#[test]
+fn one_unapproved_claim_holds_every_claim_of_the_ordinal() {
+    let (data, logs) = (approved(claim("data", 2)), claim("logs", 2));
+    let s = snap(
+        2,
+        vec![data.clone(), logs.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&data, &logs])],
+    );
+    let p = plan(&s, &manual(), t(0));
+    assert_eq!(
+        p.actions,
+        vec![Action::AwaitApproval {
+            ordinal: 2,
+            claims: refs(&[&logs])
+        }]
+    );
+}
+
+#[test]
+fn without_manual_approval_an_approval_is_not_needed() {
+    let c = claim("data", 2);
+    let s = snap(
+        2,
+        vec![c.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c])],
+    );
+    assert!(matches!(
+        plan(&s, &settings(), t(0)).actions[0],
+        Action::DeleteClaims { .. }
+    ));
+}
+
+#[test]
+fn a_drain_awaiting_approval_frees_its_slot_for_the_next_ordinal() {
+    let (c2, c1) = (claim("data", 2), claim("data", 1));
+    let s = snap(
+        1,
+        vec![c2.clone(), c1.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c2])],
+    );
+    let p = plan(&s, &manual(), t(0));
+    assert!(
+        p.actions.contains(&create(1, &[&c1], 1, Some(t(0)))),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_scale_up_before_approval_gives_the_claims_back() {
+    let c = with_record(
+        claim("data", 2),
+        DrainRecord {
+            pod_uid: Some("drain-pod-2".to_owned()),
+            ..DrainRecord::default()
+        },
+    );
+    let s = snap(
+        3,
+        vec![c.clone()],
+        vec![drain_pod(2, DrainPhase::Succeeded, &[&c])],
+    );
+    let p = plan(&s, &manual(), t(0));
+    assert_eq!(
+        p.actions,
+        vec![
+            delete_pod(2, DeleteWhy::ReturnedBeforeApproval),
+            Action::ClearRecord {
+                ordinal: 2,
+                claims: refs(&[&c])
+            }
+        ]
+    );
+    assert!(!p.status.contains_key(&2));
 }
