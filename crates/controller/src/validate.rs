@@ -122,6 +122,9 @@ pub fn settings(
 }
 
 #[cfg(test)]
+mod hostile;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::OnScaleUp;
