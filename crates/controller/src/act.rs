@@ -6,7 +6,7 @@
 //! Actions of one ordinal run in order and stop at its first failure; a failure never stops the
 //! actions of other ordinals.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use drain_api::claim_annotations;
@@ -236,26 +236,48 @@ pub enum Outcome {
 }
 
 /// Carries out `actions`: each ordinal's in order up to its first failure, every ordinal
-/// whatever happens to the others. Returns the failures, by ordinal.
+/// whatever happens to the others, and the ordinals concurrently (a scale-down of a Parallel
+/// set starts all its drains at once, not one API round trip after another). Returns the
+/// failures, by ordinal, in the order the ordinals first appear.
 pub async fn apply<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,
     actions: &[Action],
 ) -> Vec<(i32, ActError)> {
-    let mut failed = Vec::new();
-    let mut stopped: BTreeSet<i32> = BTreeSet::new();
+    let mut by_ordinal: Vec<(i32, Vec<&Action>)> = Vec::new();
     for action in actions {
         let ordinal = action.ordinal();
-        if stopped.contains(&ordinal) {
-            continue;
+        match by_ordinal.iter_mut().find(|(o, _)| *o == ordinal) {
+            Some((_, list)) => list.push(action),
+            None => by_ordinal.push((ordinal, vec![action])),
         }
+    }
+    futures::future::join_all(
+        by_ordinal
+            .iter()
+            .map(|(ordinal, list)| apply_ordinal(cluster, ctx, *ordinal, list)),
+    )
+    .await
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// One ordinal's actions, in order, up to the first failure or the first sign that the plan
+/// was made from a stale view.
+async fn apply_ordinal<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    ordinal: i32,
+    actions: &[&Action],
+) -> Option<(i32, ActError)> {
+    for action in actions {
         if !cluster.may_act() {
             warn!(
                 ordinal,
                 "no longer the leader: the remaining actions are left to the leader"
             );
-            failed.push((ordinal, ActError::NotLeader));
-            break;
+            return Some((ordinal, ActError::NotLeader));
         }
         match apply_one(cluster, ctx, action).await {
             Ok(outcome) => {
@@ -263,17 +285,16 @@ pub async fn apply<C: Cluster>(
                     cluster.event(&event).await;
                 }
                 if matches!(outcome, Outcome::Changed | Outcome::Stale(_)) {
-                    stopped.insert(ordinal);
+                    return None;
                 }
             }
             Err(e) => {
                 warn!(ordinal, error = %e.describe(), "action failed; the ordinal's other actions wait for the next try");
-                stopped.insert(ordinal);
-                failed.push((ordinal, e));
+                return Some((ordinal, e));
             }
         }
     }
-    failed
+    None
 }
 
 async fn apply_one<C: Cluster>(

@@ -150,7 +150,10 @@ async fn a_replica_that_stops_leading_makes_no_further_call() {
     ];
     let failed = run(&fake, &actions).await;
     assert!(
-        matches!(failed.as_slice(), [(2, ActError::NotLeader)]),
+        matches!(
+            failed.as_slice(),
+            [(2, ActError::NotLeader), (3, ActError::NotLeader)]
+        ),
         "{failed:?}"
     );
     assert_eq!(
