@@ -555,6 +555,18 @@ fn merged_record(claims: &[&Claim]) -> DrainRecord {
     best
 }
 
+/// The delete of a drain pod that finished (no resourceVersion precondition: nothing left to
+/// interrupt).
+fn delete_finished(ord: &Ordinal<'_>, pod: &PodObs, why: DeleteWhy) -> Action {
+    Action::DeleteDrainPod {
+        ordinal: ord.ordinal,
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        resource_version: None,
+        why,
+    }
+}
+
 fn claim_refs(claims: &[&Claim]) -> Vec<ClaimRef> {
     claims
         .iter()
@@ -1071,13 +1083,7 @@ impl<'a> Planner<'a> {
             });
         }
         if !pod.terminating {
-            self.act(Action::DeleteDrainPod {
-                ordinal: ord.ordinal,
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                resource_version: None,
-                why: DeleteWhy::Succeeded,
-            });
+            self.act(delete_finished(ord, pod, DeleteWhy::Succeeded));
         }
         (!ord.in_range).then(|| OrdinalState::Done {
             at: ord.done_at().unwrap_or_else(|| self.now.to_string()),
@@ -1096,13 +1102,7 @@ impl<'a> Planner<'a> {
     ) -> Option<OrdinalState> {
         if ord.in_range {
             if !pod.terminating {
-                self.act(Action::DeleteDrainPod {
-                    ordinal: ord.ordinal,
-                    name: pod.name.clone(),
-                    uid: pod.uid.clone(),
-                    resource_version: None,
-                    why: DeleteWhy::ReturnedBeforeApproval,
-                });
+                self.act(delete_finished(ord, pod, DeleteWhy::ReturnedBeforeApproval));
             }
             self.clear_record(ord);
             return None;

@@ -68,6 +68,28 @@ pub async fn client() -> Client {
     client
 }
 
+/// The pods (`namespace/name`) of controllers installed in the cluster (label
+/// `app.kubernetes.io/name=statefulset-drain-controller`) that are running, not terminating.
+pub async fn installed_controllers(client: &Client) -> kube::Result<Vec<String>> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
+    let lp = kube::api::ListParams::default()
+        .labels("app.kubernetes.io/name=statefulset-drain-controller");
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.unwrap_or_default(),
+                p.metadata.name.unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
 /// Panics if a controller installed in the cluster (example/up's) is running: it would act on the
 /// test namespaces next to the controller each test starts, and tests would see two actors.
 /// `tests/run` pauses such controllers for the duration of the tests and restores them after.
@@ -75,24 +97,9 @@ async fn refuse_other_controllers(client: &Client) {
     static CHECKED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     CHECKED
         .get_or_init(|| async {
-            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client.clone());
-            let lp = kube::api::ListParams::default()
-                .labels("app.kubernetes.io/name=statefulset-drain-controller");
-            let running: Vec<String> = pods
-                .list(&lp)
+            let running = installed_controllers(client)
                 .await
-                .expect("list pods of installed controllers")
-                .items
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .map(|p| {
-                    format!(
-                        "{}/{}",
-                        p.metadata.namespace.unwrap_or_default(),
-                        p.metadata.name.unwrap_or_default()
-                    )
-                })
-                .collect();
+                .expect("list pods of installed controllers");
             assert!(
                 running.is_empty(),
                 "an installed statefulset-drain controller is running in the test cluster \

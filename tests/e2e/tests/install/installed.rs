@@ -33,20 +33,7 @@ pub async fn admin_client() -> Result<Client> {
 /// Fails if a controller installed in the cluster is running: it would act on the test's
 /// namespaces too (`tests/run` pauses `example/up`'s).
 async fn refuse_running_installs(client: &Client) -> Result<()> {
-    let running: Vec<String> = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().labels(POD_LABEL))
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            format!(
-                "{}/{}",
-                p.metadata.namespace.unwrap_or_default(),
-                p.metadata.name.unwrap_or_default()
-            )
-        })
-        .collect();
+    let running = e2e::installed_controllers(client).await?;
     ensure!(
         running.is_empty(),
         "an installed statefulset-drain controller is running ({running:?}): run the tests with \
