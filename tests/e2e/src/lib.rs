@@ -18,6 +18,7 @@ use kube::{Api, Client, Config};
 pub mod faults;
 pub mod objects;
 pub mod ops;
+pub mod suite;
 
 /// Root of the repository.
 pub fn repo_root() -> PathBuf {

@@ -1,0 +1,231 @@
+//! The fault suite's shared parts (issue 10): a seeded random source whose seed is printed, a
+//! log of the faults injected, the independent checker around a scenario (record, settle,
+//! verdict) and the faults themselves (a drain pod deleted or evicted, a cluster component
+//! restarted).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use checker::{Recorder, Verdict};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, EvictParams, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::{TestNamespace, repo_root};
+
+/// A small seeded random source (SplitMix64): the same seed gives the same faults.
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded from `STSD_FAULT_SEED` if set, else from the clock; prints the seed and how to
+    /// replay it, naming the scenario.
+    pub fn for_scenario(scenario: &str) -> Self {
+        let seed = std::env::var("STSD_FAULT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        println!("[{scenario}] seed {seed} (replay: STSD_FAULT_SEED={seed})");
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..hi` (`lo` if empty).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next_u64() % (hi - lo)
+    }
+
+    /// A duration of `lo..hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.range(lo, hi))
+    }
+
+    /// One of `items`, if any.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> Option<&'a T> {
+        (!items.is_empty()).then(|| &items[self.range(0, items.len() as u64) as usize])
+    }
+}
+
+/// The faults a scenario injected, counted by kind and listed with their instants.
+pub struct FaultLog {
+    scenario: String,
+    start: Instant,
+    counts: BTreeMap<&'static str, u32>,
+    lines: String,
+}
+
+impl FaultLog {
+    /// An empty log for `scenario`.
+    pub fn new(scenario: &str) -> Self {
+        Self {
+            scenario: scenario.to_owned(),
+            start: Instant::now(),
+            counts: BTreeMap::new(),
+            lines: String::new(),
+        }
+    }
+
+    /// Records one fault of `kind` with a detail.
+    pub fn add(&mut self, kind: &'static str, detail: impl std::fmt::Display) {
+        *self.counts.entry(kind).or_default() += 1;
+        let _ = writeln!(
+            self.lines,
+            "  {:>7.2}s {kind}: {detail}",
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+
+    /// How many faults of `kind` were injected.
+    pub fn count(&self, kind: &str) -> u32 {
+        self.counts.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Prints the summary and every fault.
+    pub fn print(&self) {
+        println!(
+            "[{}] faults injected: {:?}\n{}",
+            self.scenario, self.counts, self.lines
+        );
+    }
+}
+
+/// The independent checker around a scenario: it records the namespace from before the first
+/// object is created until the scenario has settled.
+pub struct Checked {
+    scenario: String,
+    recorder: Recorder,
+}
+
+impl Checked {
+    /// Starts recording `ns` and waits until the checker's watches have listed.
+    pub async fn start(client: &Client, ns: &TestNamespace, scenario: &str) -> Result<Self> {
+        let recorder = Recorder::start(client, &ns.name);
+        ensure!(
+            recorder.wait_listed(1, Duration::from_secs(30)).await,
+            "the checker's watches did not start"
+        );
+        Ok(Self {
+            scenario: scenario.to_owned(),
+            recorder,
+        })
+    }
+
+    /// The recorder (e.g. to wait for it to list again after an API server restart).
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    /// I3: waits until nothing is left unsettled, at most `bound` (it must stay settled for
+    /// one second); how long it took.
+    pub async fn settle(&self, bound: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        let mut settled_since: Option<Instant> = None;
+        loop {
+            let left = checker::unsettled(&self.recorder.history());
+            if left.is_empty() {
+                let since = *settled_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_secs(1) {
+                    let took = since - start;
+                    println!(
+                        "[{}] I3 holds: settled {:.1}s after the faults stopped",
+                        self.scenario,
+                        took.as_secs_f64()
+                    );
+                    return Ok(took);
+                }
+            } else {
+                settled_since = None;
+                if start.elapsed() > bound {
+                    bail!(
+                        "[{}] I3 violated: not settled {bound:?} after the faults stopped: {left:#?}",
+                        self.scenario
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops recording and checks I1 and I2 over everything recorded; fails on a violation.
+    pub fn verdict(self) -> Result<Verdict> {
+        let lists = self.recorder.lists();
+        let verdict = checker::check(&self.recorder.stop());
+        println!("[{}] checker: {verdict} (lists: {lists:?})", self.scenario);
+        ensure!(verdict.ok(), "[{}] {verdict}", self.scenario);
+        Ok(verdict)
+    }
+}
+
+/// The drain pods of the namespace that are not being deleted, by name.
+pub async fn live_drain_pods(ns: &TestNamespace) -> Result<Vec<String>> {
+    let lp = ListParams::default().labels(drain_api::labels::DRAIN_POD);
+    Ok(ns
+        .api::<Pod>()
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| p.name_any())
+        .collect())
+}
+
+/// Deletes a drain pod as a person or a node drain would (its grace period: it is asked to
+/// stop); NotFound is fine (it may have finished).
+pub async fn delete_pod(ns: &TestNamespace, name: &str) -> Result<()> {
+    match ns.api::<Pod>().delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("delete pod {name}")),
+    }
+}
+
+/// Evicts a drain pod through the Eviction API; NotFound is fine.
+pub async fn evict_pod(ns: &TestNamespace, name: &str) -> Result<()> {
+    match ns.api::<Pod>().evict(name, &EvictParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("evict pod {name}")),
+    }
+}
+
+/// Kills a component of the local cluster with SIGKILL, as a crash would, and starts it again
+/// (`tests/cluster/restart --kill`); the seconds it was away.
+pub async fn restart_component(name: &str) -> Result<f64> {
+    let out = tokio::process::Command::new(repo_root().join("tests/cluster/restart"))
+        .args(["--kill", name])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("run tests/cluster/restart")?;
+    ensure!(
+        out.status.success(),
+        "tests/cluster/restart {name} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .lines()
+        .last()
+        .and_then(|l| l.parse().ok())
+        .with_context(|| format!("tests/cluster/restart printed {text:?}"))
+}

@@ -1,0 +1,425 @@
+//! The fault suite (issue 10): drains under faults injected at random instants, each scenario
+//! watched by the independent checker (`tests/checker`), which must find I1 (no claim deleted
+//! without a proven successful drain), I2 (no stateful pod created on a claim being deleted,
+//! never two pods of one name) and I3 (everything settles once the faults stop) to hold, and
+//! for the example datastore I4 (every record readable exactly once). Each scenario prints its
+//! seed (`STSD_FAULT_SEED` replays it), the faults injected and the checker's verdict.
+//!
+//! The API server and kubelet restarts are in `fault_restarts.rs` (a binary of their own: they
+//! would disturb the scenarios running next to them).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use drain_api::names::pod_name;
+use e2e::faults::{
+    DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, value_of, write_records,
+};
+use e2e::objects::{SetBuilder, drain_template};
+use e2e::ops::*;
+use e2e::suite::*;
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+/// How long a scenario may take to settle once its faults stop (I3's bound).
+const SETTLE: Duration = Duration::from_secs(180);
+
+/// A drain that behaves badly on purpose: its first run on a claim fails (exit 1: the kubelet
+/// restarts it), and it exits 0 when asked to stop (SIGTERM), which must never count as success.
+const FLAKY_DRAIN: &str = "trap 'exit 0' TERM; \
+    if [ ! -f /data/failed-once ]; then touch /data/failed-once; sleep 0.5; exit 1; fi; \
+    sleep 2 & wait";
+
+fn drain_set(name: &str, script: &str) -> SetBuilder {
+    SetBuilder::new(name).annotation(
+        DRAINER_POD_TEMPLATE,
+        drain_template(script, &["data"], json!({})),
+    )
+}
+
+/// The controller SIGKILLed at least 50 times at random instants while two sets (OrderedReady
+/// and Parallel) flap between sizes (down, up again within seconds, to 0 and back) and their
+/// drain pods fail, are deleted and are evicted (exiting 0 on SIGTERM).
+#[tokio::test]
+async fn the_controller_killed_at_random_instants_across_flapping_drains() -> Result<()> {
+    const SCENARIO: &str = "kills";
+    const MIN_KILLS: u32 = 50;
+    let mut rng = Rng::for_scenario(SCENARIO);
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-kills").await?;
+    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    let sets = [("ord", 3, false), ("par", 5, true)];
+    for (name, replicas, parallel) in sets {
+        let mut set = drain_set(name, FLAKY_DRAIN).replicas(replicas);
+        if parallel {
+            set = set.parallel();
+        }
+        start_set(&ns, &set).await?;
+    }
+    for (name, replicas, _) in sets {
+        wait_running(&ns, &pod_names(name, 0..replicas)).await?;
+    }
+    let mut controller = ControllerProcess::start(&ns.name, &[]);
+
+    let start = Instant::now();
+    while faults.count("controller killed") < MIN_KILLS || start.elapsed() < Duration::from_secs(60)
+    {
+        ensure!(
+            start.elapsed() < Duration::from_secs(240),
+            "the fault loop ran out of time"
+        );
+        tokio::time::sleep(rng.millis(100, 900)).await;
+        match rng.range(0, 100) {
+            0..55 => {
+                controller.kill();
+                let down = rng.millis(0, 500);
+                faults.add("controller killed", format!("restarted after {down:?}"));
+                tokio::time::sleep(down).await;
+                controller = ControllerProcess::start(&ns.name, &[]);
+            }
+            55..80 => {
+                let (name, max, _) = *rng.pick(&sets).context("sets")?;
+                let replicas = rng.range(0, max as u64 + 1) as i32;
+                scale(&ns, name, replicas).await?;
+                faults.add("scaled", format!("{name} to {replicas}"));
+            }
+            80..91 => {
+                if let Some(pod) = rng.pick(&live_drain_pods(&ns).await?).cloned() {
+                    delete_pod(&ns, &pod).await?;
+                    faults.add("drain pod deleted", pod);
+                }
+            }
+            _ => {
+                if let Some(pod) = rng.pick(&live_drain_pods(&ns).await?).cloned() {
+                    evict_pod(&ns, &pod).await?;
+                    faults.add("drain pod evicted", pod);
+                }
+            }
+        }
+    }
+    // The faults stop: every set ends smaller than it started, so drains must finish.
+    scale(&ns, "ord", 1).await?;
+    scale(&ns, "par", 2).await?;
+    faults.add("scaled", "ord to 1, par to 2 (final)");
+    faults.print();
+    checked.settle(SETTLE).await?;
+    drop(controller);
+    let verdict = checked.verdict()?;
+    ensure!(
+        verdict.claims_deleted >= 3,
+        "too few drains completed to show anything: {verdict}"
+    );
+    Ok(())
+}
+
+/// Writes records (exactly once, I4) into the example datastore before and during a run in
+/// which it is scaled down, up again within seconds, to 0 and back, while the controller is
+/// killed at random instants.
+#[tokio::test]
+async fn every_datastore_record_survives_flapping_scales_and_controller_kills() -> Result<()> {
+    const SCENARIO: &str = "datastore";
+    let mut rng = Rng::for_scenario(SCENARIO);
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-data").await?;
+    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    apply_example(&ns, &[])?;
+    wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
+    let mut controller = ControllerProcess::start(&ns.name, &[]);
+    let acked = Arc::new(Mutex::new(
+        write_records(&ns, 300, |i| (i % 3) as i32).await?,
+    ));
+    let unanswered = Arc::new(Mutex::new(BTreeMap::new()));
+
+    // Clients keep writing to whichever pods run, as an application would.
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = tokio::spawn({
+        let (ns_name, acked, unanswered, writing) = (
+            ns.name.clone(),
+            Arc::clone(&acked),
+            Arc::clone(&unanswered),
+            Arc::clone(&writing),
+        );
+        let client = client.clone();
+        async move { write_while(client, ns_name, acked, unanswered, writing).await }
+    });
+
+    let steps: [(i32, u64); 7] = [
+        (1, 3000),
+        (3, 1500),
+        (2, 4000),
+        (0, 2500),
+        (3, 500),
+        (1, 6000),
+        (2, 0),
+    ];
+    for (replicas, hold_ms) in steps {
+        scale(&ns, DATASTORE, replicas).await?;
+        faults.add("scaled", format!("{DATASTORE} to {replicas}"));
+        let until = Instant::now() + Duration::from_millis(hold_ms);
+        while Instant::now() < until {
+            tokio::time::sleep(rng.millis(300, 1500)).await;
+            if rng.range(0, 3) == 0 {
+                controller.kill();
+                faults.add("controller killed", "");
+                tokio::time::sleep(rng.millis(0, 400)).await;
+                controller = ControllerProcess::start(&ns.name, &[]);
+            }
+        }
+    }
+    faults.print();
+    checked.settle(SETTLE).await?;
+    writing.store(false, std::sync::atomic::Ordering::SeqCst);
+    writer.await??;
+    let acked = acked.lock().expect("acked").clone();
+    let unanswered = unanswered.lock().expect("unanswered").clone();
+    println!(
+        "[{SCENARIO}] {} records acknowledged, {} writes unanswered",
+        acked.len(),
+        unanswered.len()
+    );
+    wait_running(&ns, &pod_names(DATASTORE, 0..2)).await?;
+    // The returning pods' rebalance sidecars move what a cancelled drain left behind: I4 must
+    // hold once they have had their turn (every 30 s).
+    let mut problems = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let mut held = BTreeMap::new();
+        for o in 0..2 {
+            let store = store_of(&ns, o).await?;
+            let mut records = BTreeMap::new();
+            for key in store.list().await? {
+                if let Some(v) = store.get(&key).await? {
+                    records.insert(key, v);
+                }
+            }
+            held.insert(pod_name(DATASTORE, o), records);
+        }
+        problems = checker::records::check(&acked, &unanswered, &held);
+        if problems.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    ensure!(
+        problems.is_empty(),
+        "[{SCENARIO}] I4 violated: {problems:#?}"
+    );
+    println!(
+        "[{SCENARIO}] I4 holds: {} records, each on exactly one pod",
+        acked.len()
+    );
+    drop(controller);
+    let verdict = checked.verdict()?;
+    ensure!(verdict.claims_deleted >= 1, "no drain completed: {verdict}");
+    Ok(())
+}
+
+/// Writes `live-NNNN` records to a running datastore pod every 50 ms until told to stop.
+async fn write_while(
+    client: kube::Client,
+    ns: String,
+    acked: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    unanswered: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    writing: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<()> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, &ns);
+    let lp = ListParams::default().labels("app=datastore");
+    let mut i = 0u32;
+    while writing.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Ok(list) = pods.list(&lp).await else {
+            continue;
+        };
+        let running: Vec<_> = list
+            .items
+            .iter()
+            .filter(|p| {
+                running_ready(p)
+                    && p.metadata.deletion_timestamp.is_none()
+                    && !p.labels().contains_key(drain_api::labels::DRAIN_POD)
+            })
+            .collect();
+        let target = (!running.is_empty()).then(|| running[i as usize % running.len()]);
+        let Some(ip) = target.and_then(|p| p.status.as_ref()?.pod_ip.clone()) else {
+            continue;
+        };
+        let key = format!("live-{i:04}");
+        let value = value_of(&key);
+        i += 1;
+        let store = datastore::Client::new(&format!("http://{ip}:8080"))?;
+        match store.put(&key, value.clone()).await {
+            Ok(()) => {
+                acked.lock().expect("acked").insert(key, value);
+            }
+            Err(_) => {
+                unanswered.lock().expect("unanswered").insert(key, value);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two replicas with leader election; the leader is SIGKILLed mid-drain, again and again, and
+/// comes back as the standby.
+#[tokio::test]
+async fn two_replicas_with_the_leader_killed_mid_drain() -> Result<()> {
+    const SCENARIO: &str = "leader";
+    let mut rng = Rng::for_scenario(SCENARIO);
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-leader").await?;
+    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    start_set(&ns, &drain_set("web", FLAKY_DRAIN).replicas(4).parallel()).await?;
+    wait_running(&ns, &pod_names("web", 0..4)).await?;
+    let replica = |name: &str| {
+        ControllerProcess::start_named(
+            &ns.name,
+            name,
+            &[
+                "--leader-elect",
+                "--leader-elect-namespace",
+                &ns.name,
+                "--leader-elect-identity",
+                name,
+                "--leader-elect-lease-duration",
+                "4s",
+                "--leader-elect-renew-deadline",
+                "3s",
+                "--leader-elect-retry-period",
+                "1s",
+            ],
+        )
+    };
+    let mut replicas = BTreeMap::from([("a", replica("a")), ("b", replica("b"))]);
+    let leases = ns.api::<Lease>();
+    for round in 0..3 {
+        if round > 0 {
+            scale(&ns, "web", 4).await?;
+            faults.add("scaled", "web to 4");
+            wait_running(&ns, &pod_names("web", 0..4)).await?;
+        }
+        let target = rng.range(0, 3) as i32;
+        scale(&ns, "web", target).await?;
+        faults.add("scaled", format!("web to {target}"));
+        wait_for(T, "a drain pod running", || async {
+            Ok(!live_drain_pods(&ns).await?.is_empty())
+        })
+        .await?;
+        tokio::time::sleep(rng.millis(0, 1500)).await;
+        let holder = leases
+            .get_opt("statefulset-drain-controller")
+            .await?
+            .and_then(|l| l.spec?.holder_identity)
+            .context("no lease holder")?;
+        let name = if holder == "a" { "a" } else { "b" };
+        if let Some(mut leader) = replicas.remove(name) {
+            leader.kill();
+        }
+        faults.add("leader killed", format!("round {round}: {holder}"));
+        tokio::time::sleep(rng.millis(200, 2000)).await;
+        replicas.insert(name, replica(name));
+    }
+    scale(&ns, "web", 1).await?;
+    faults.add("scaled", "web to 1 (final)");
+    faults.print();
+    checked.settle(SETTLE).await?;
+    drop(replicas);
+    let verdict = checked.verdict()?;
+    ensure!(
+        verdict.claims_deleted >= 3,
+        "too few drains completed: {verdict}"
+    );
+    Ok(())
+}
+
+/// StatefulSets deleted mid-drain, one held by another controller's finalizer and one not:
+/// no claim is deleted, and nothing of ours is left once the sets are gone.
+#[tokio::test]
+async fn statefulsets_deleted_mid_drain_with_and_without_a_finalizer() -> Result<()> {
+    const SCENARIO: &str = "set-deleted";
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-setdel").await?;
+    let _release = release_set_finalizers_on_drop(&ns, "held");
+    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    let never_done = "trap 'exit 0' TERM; while [ ! -f /data/go ]; do sleep 0.2; done";
+    start_set(&ns, &drain_set("held", never_done)).await?;
+    start_set(&ns, &drain_set("bare", never_done)).await?;
+    ns.api::<StatefulSet>()
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["e2e.example/hold"]}})),
+        )
+        .await?;
+    for set in ["held", "bare"] {
+        wait_running(&ns, &pod_names(set, 0..3)).await?;
+    }
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    for set in ["held", "bare"] {
+        scale(&ns, set, 1).await?;
+    }
+    for set in ["held", "bare"] {
+        wait_drain_pod(&ns, &pod_name(set, 2), Some("Running")).await?;
+    }
+    let claims_before = ns
+        .api::<PersistentVolumeClaim>()
+        .list(&ListParams::default())
+        .await?;
+    for set in ["held", "bare"] {
+        ns.api::<StatefulSet>()
+            .delete(set, &DeleteParams::background())
+            .await?;
+        faults.add("statefulset deleted", set);
+    }
+    // The held set stays, being deleted: the controller leaves it alone. Let the drains that
+    // were in flight finish now: nothing may delete their claims.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for pod in live_drain_pods(&ns).await? {
+        let _ = e2e::faults::exec(&ns, &pod, "drain", "touch /data/go").await;
+        faults.add("drain finished after its set was deleted", pod);
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    ns.api::<StatefulSet>()
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    faults.add("finalizer removed", "held");
+    faults.print();
+    checked.settle(SETTLE).await?;
+    let claims_after = ns
+        .api::<PersistentVolumeClaim>()
+        .list(&ListParams::default())
+        .await?;
+    let uids = |l: &kube::api::ObjectList<PersistentVolumeClaim>| {
+        l.items
+            .iter()
+            .map(|c| c.uid().unwrap_or_default())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    ensure!(
+        uids(&claims_before) == uids(&claims_after),
+        "claims of deleted sets changed: before {:?}, after {:?}",
+        uids(&claims_before),
+        uids(&claims_after)
+    );
+    let verdict = checked.verdict()?;
+    ensure!(
+        verdict.claims_deleted == 0,
+        "a claim was deleted: {verdict}"
+    );
+    Ok(())
+}
