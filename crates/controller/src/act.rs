@@ -3,8 +3,9 @@
 //! idempotent (AlreadyExists and NotFound are outcomes, not errors), data-bearing deletes carry a
 //! UID precondition, and deletes of drain pods believed unfinished a resourceVersion one.
 //!
-//! Actions of one ordinal run in order and stop at its first failure; a failure never stops the
-//! actions of other ordinals.
+//! Actions of one ordinal run in order and stop at its first failure, or at the first outcome
+//! showing the plan was made from a stale view (a drain pod or claim changed or gone); neither
+//! stops the actions of other ordinals.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -73,6 +74,16 @@ pub enum Deleted {
     Changed,
 }
 
+/// The outcome of a UID-preconditioned patch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Patched {
+    /// Patched.
+    Done,
+    /// Gone, or replaced by another object of that name (UID precondition failed): nothing
+    /// written.
+    Gone,
+}
+
 /// The calls the act step makes, in one namespace. The real one talks to the API server; tests
 /// use a fake that records calls and injects errors.
 pub trait Cluster: Sync {
@@ -91,14 +102,14 @@ pub trait Cluster: Sync {
         name: &str,
         uid: &str,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Sets (`Some`) or removes (`None`) annotations on a claim if it still has this UID; gone
-    /// (or replaced) already is fine.
+    /// Sets (`Some`) or removes (`None`) annotations on a claim if it still has this UID;
+    /// [`Patched::Gone`] if it is gone or was replaced.
     fn annotate_claim(
         &self,
         name: &str,
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    ) -> impl Future<Output = Result<Patched, kube::Error>> + Send;
     /// Whether `ordinal` is still outside the set's range, read live from the API server (a
     /// guard against a stale cache just before a create); `false` if the set is gone, was
     /// replaced or is being deleted.
@@ -233,6 +244,17 @@ pub enum Outcome {
     /// The drain pod changed since it was observed (or is gone); the ordinal's remaining actions
     /// are skipped and it is planned again.
     Changed,
+    /// This claim is gone or was replaced since it was observed: nothing more is written to it,
+    /// the ordinal's remaining actions are skipped and it is planned again from fresh state.
+    ClaimGone(String),
+}
+
+impl Outcome {
+    /// Whether the plan was made from a view this outcome proved stale, so the ordinal's
+    /// remaining actions must not run.
+    fn stops_ordinal(&self) -> bool {
+        matches!(self, Self::Changed | Self::Stale(_) | Self::ClaimGone(_))
+    }
 }
 
 /// Carries out `actions`: each ordinal's in order up to its first failure, every ordinal
@@ -284,7 +306,7 @@ async fn apply_ordinal<C: Cluster>(
                 for event in events(ctx, action, &outcome) {
                     cluster.event(&event).await;
                 }
-                if matches!(outcome, Outcome::Changed | Outcome::Stale(_)) {
+                if outcome.stops_ordinal() {
                     return None;
                 }
             }
@@ -297,6 +319,7 @@ async fn apply_ordinal<C: Cluster>(
     None
 }
 
+/// Carries out one action: only the dispatch, one function per kind of action.
 async fn apply_one<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,
@@ -321,11 +344,7 @@ async fn apply_one<C: Cluster>(
         }
         Action::RecordDrainPod {
             claims, pod_uid, ..
-        } => {
-            let record = set(&[(claim_annotations::POD_UID, pod_uid.clone())]);
-            annotate_all(cluster, claims, &record).await?;
-            Ok(Outcome::Done)
-        }
+        } => record_drain_pod(cluster, claims, pod_uid).await,
         Action::RecordFailure {
             ordinal,
             claims,
@@ -336,75 +355,25 @@ async fn apply_one<C: Cluster>(
             only_if_pod_gone,
             ..
         } => {
-            if *only_if_pod_gone {
-                let name = ctx.pod_name(*ordinal);
-                let live = cluster
-                    .pod_uid(&name)
-                    .await
-                    .map_err(|source| ActError::Confirm {
-                        what: format!("pod {name}"),
-                        source,
-                    })?;
-                if live.as_deref() == Some(pod_uid.as_str()) {
-                    info!(pod = %name, "drain pod still exists (the cache lagged); not a failure");
-                    return Ok(Outcome::Stale("drain pod still exists"));
-                }
-            }
-            let record = set(&[
-                (claim_annotations::ATTEMPTS, attempts.to_string()),
-                (claim_annotations::RETRY_AFTER, retry_after.to_string()),
-                (claim_annotations::LAST_FAILURE, reason.clone()),
-                (claim_annotations::COUNTED_POD_UID, pod_uid.clone()),
-            ]);
-            annotate_all(cluster, claims, &record).await?;
-            Ok(Outcome::Done)
+            let failure = Failure {
+                pod_uid,
+                attempts: *attempts,
+                retry_after: *retry_after,
+                reason,
+                only_if_pod_gone: *only_if_pod_gone,
+            };
+            record_failure(cluster, ctx, *ordinal, claims, &failure).await
         }
-        Action::RecordReturn { claims, at, .. } => {
-            let record = set(&[(claim_annotations::RETURNED_AT, at.to_string())]);
-            annotate_all(cluster, claims, &record).await?;
-            Ok(Outcome::Done)
-        }
+        Action::RecordReturn { claims, at, .. } => record_return(cluster, claims, *at).await,
         Action::DeleteDrainPod {
             name,
             uid,
             resource_version,
             why,
             ..
-        } => {
-            let deleted = cluster
-                .delete_pod(name, uid, resource_version.as_deref())
-                .await
-                .map_err(|source| ActError::DeleteDrainPod {
-                    name: name.clone(),
-                    source,
-                })?;
-            info!(pod = %name, ?why, ?deleted, "deleted drain pod");
-            Ok(match deleted {
-                Deleted::Deleted => Outcome::Done,
-                Deleted::Gone | Deleted::Changed => Outcome::Changed,
-            })
-        }
-        Action::DeleteClaims { claims, .. } => {
-            for c in claims {
-                cluster
-                    .delete_claim(&c.name, &c.uid)
-                    .await
-                    .map_err(|source| ActError::DeleteClaim {
-                        name: c.name.clone(),
-                        source,
-                    })?;
-                info!(claim = %c.name, "deleted drained claim");
-            }
-            Ok(Outcome::Done)
-        }
-        Action::ClearRecord { claims, .. } => {
-            let clear: BTreeMap<String, Option<String>> = claim_annotations::ALL
-                .iter()
-                .map(|k| ((*k).to_owned(), None))
-                .collect();
-            annotate_all(cluster, claims, &clear).await?;
-            Ok(Outcome::Done)
-        }
+        } => delete_drain_pod(cluster, name, uid, resource_version.as_deref(), *why).await,
+        Action::DeleteClaims { claims, .. } => delete_claims(cluster, claims).await,
+        Action::ClearRecord { claims, .. } => clear_record(cluster, claims).await,
         Action::Warn { message, .. } => {
             warn!(%message, "drain blocked");
             Ok(Outcome::Done)
@@ -416,6 +385,135 @@ async fn apply_one<C: Cluster>(
     }
 }
 
+/// Records the drain pod's UID on its claims.
+async fn record_drain_pod<C: Cluster>(
+    cluster: &C,
+    claims: &[ClaimRef],
+    pod_uid: &str,
+) -> Result<Outcome, ActError> {
+    let record = set(&[(claim_annotations::POD_UID, pod_uid.to_owned())]);
+    annotate_all(cluster, claims, &record).await
+}
+
+/// A failed attempt, as counted on the claims.
+struct Failure<'a> {
+    pod_uid: &'a str,
+    attempts: u32,
+    retry_after: Timestamp,
+    reason: &'a str,
+    /// The pod vanished from the cache: count it only once the API server confirms it is gone.
+    only_if_pod_gone: bool,
+}
+
+/// Before counting a drain pod that vanished from the cache: whether the API server still has
+/// it (the cache lagged), which is [`Outcome::Stale`] and no failure.
+async fn confirm_pod_gone<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    ordinal: i32,
+    pod_uid: &str,
+) -> Result<Option<Outcome>, ActError> {
+    let name = ctx.pod_name(ordinal);
+    let live = cluster
+        .pod_uid(&name)
+        .await
+        .map_err(|source| ActError::Confirm {
+            what: format!("pod {name}"),
+            source,
+        })?;
+    if live.as_deref() == Some(pod_uid) {
+        info!(pod = %name, "drain pod still exists (the cache lagged); not a failure");
+        return Ok(Some(Outcome::Stale("drain pod still exists")));
+    }
+    Ok(None)
+}
+
+/// Counts a failed attempt on the claims: attempts, when to retry, why, and which pod.
+async fn record_failure<C: Cluster>(
+    cluster: &C,
+    ctx: &ActCtx<'_>,
+    ordinal: i32,
+    claims: &[ClaimRef],
+    failure: &Failure<'_>,
+) -> Result<Outcome, ActError> {
+    if failure.only_if_pod_gone
+        && let Some(stale) = confirm_pod_gone(cluster, ctx, ordinal, failure.pod_uid).await?
+    {
+        return Ok(stale);
+    }
+    let record = set(&[
+        (claim_annotations::ATTEMPTS, failure.attempts.to_string()),
+        (
+            claim_annotations::RETRY_AFTER,
+            failure.retry_after.to_string(),
+        ),
+        (claim_annotations::LAST_FAILURE, failure.reason.to_owned()),
+        (
+            claim_annotations::COUNTED_POD_UID,
+            failure.pod_uid.to_owned(),
+        ),
+    ]);
+    annotate_all(cluster, claims, &record).await
+}
+
+/// Records on the claims when the scale-up that brought the ordinal back was seen.
+async fn record_return<C: Cluster>(
+    cluster: &C,
+    claims: &[ClaimRef],
+    at: Timestamp,
+) -> Result<Outcome, ActError> {
+    let record = set(&[(claim_annotations::RETURNED_AT, at.to_string())]);
+    annotate_all(cluster, claims, &record).await
+}
+
+/// Deletes a drain pod with its preconditions; one that is gone or changed stops the ordinal.
+async fn delete_drain_pod<C: Cluster>(
+    cluster: &C,
+    name: &str,
+    uid: &str,
+    resource_version: Option<&str>,
+    why: DeleteWhy,
+) -> Result<Outcome, ActError> {
+    let deleted = cluster
+        .delete_pod(name, uid, resource_version)
+        .await
+        .map_err(|source| ActError::DeleteDrainPod {
+            name: name.to_owned(),
+            source,
+        })?;
+    info!(pod = %name, ?why, ?deleted, "deleted drain pod");
+    Ok(match deleted {
+        Deleted::Deleted => Outcome::Done,
+        Deleted::Gone | Deleted::Changed => Outcome::Changed,
+    })
+}
+
+/// Deletes drained claims, each with its UID precondition, stopping at the first failure.
+async fn delete_claims<C: Cluster>(cluster: &C, claims: &[ClaimRef]) -> Result<Outcome, ActError> {
+    for c in claims {
+        cluster
+            .delete_claim(&c.name, &c.uid)
+            .await
+            .map_err(|source| ActError::DeleteClaim {
+                name: c.name.clone(),
+                source,
+            })?;
+        info!(claim = %c.name, "deleted drained claim");
+    }
+    Ok(Outcome::Done)
+}
+
+/// Removes every drain annotation from the claims.
+async fn clear_record<C: Cluster>(cluster: &C, claims: &[ClaimRef]) -> Result<Outcome, ActError> {
+    let clear: BTreeMap<String, Option<String>> = claim_annotations::ALL
+        .iter()
+        .map(|k| ((*k).to_owned(), None))
+        .collect();
+    annotate_all(cluster, claims, &clear).await
+}
+
+/// Starts a new series on the claims if the plan says so, creates the drain pod (after a live
+/// check that the ordinal is still out of range) and records its UID on the claims.
 async fn create_drain_pod<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,
@@ -463,7 +561,10 @@ async fn create_drain_pod<C: Cluster>(
             claim_annotations::TEMPLATE_HASH.to_owned(),
             Some(hash.clone()),
         );
-        annotate_all(cluster, &refs, &record).await?;
+        let outcome = annotate_all(cluster, &refs, &record).await?;
+        if outcome != Outcome::Done {
+            return Ok(outcome);
+        }
     }
     let pod = template.pod(&DrainPodInput {
         ordinal,
@@ -484,6 +585,8 @@ async fn create_drain_pod<C: Cluster>(
         Created::Uid(uid) => {
             info!(pod = %name, attempt, "created drain pod");
             let record = set(&[(claim_annotations::POD_UID, uid.clone())]);
+            // A claim replaced just now leaves the pod unrecorded: the next reconcile plans from
+            // what it finds. The pod exists either way, so it is reported.
             annotate_all(cluster, &refs, &record).await?;
             Ok(Outcome::Created(uid))
         }
@@ -494,21 +597,27 @@ async fn create_drain_pod<C: Cluster>(
     }
 }
 
+/// Writes `annotations` to each claim in turn; [`Outcome::ClaimGone`] (and nothing written to
+/// the claims after it) at the first one that is gone or was replaced, else [`Outcome::Done`].
 async fn annotate_all<C: Cluster>(
     cluster: &C,
     claims: &[ClaimRef],
     annotations: &BTreeMap<String, Option<String>>,
-) -> Result<(), ActError> {
+) -> Result<Outcome, ActError> {
     for c in claims {
-        cluster
+        let patched = cluster
             .annotate_claim(&c.name, &c.uid, annotations)
             .await
             .map_err(|source| ActError::AnnotateClaim {
                 name: c.name.clone(),
                 source,
             })?;
+        if patched == Patched::Gone {
+            info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
+            return Ok(Outcome::ClaimGone(c.name.clone()));
+        }
     }
-    Ok(())
+    Ok(Outcome::Done)
 }
 
 fn set(pairs: &[(&str, String)]) -> BTreeMap<String, Option<String>> {
@@ -609,10 +718,7 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
 /// The Events that report an action's outcome (pure: the act step publishes them).
 pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<EventSpec> {
     use Severity::{Normal, Warning};
-    if matches!(
-        outcome,
-        Outcome::Changed | Outcome::Stale(_) | Outcome::NameTaken
-    ) {
+    if outcome.stops_ordinal() || *outcome == Outcome::NameTaken {
         return Vec::new();
     }
     match action {

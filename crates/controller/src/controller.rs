@@ -24,7 +24,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::act::{self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Severity, Subject};
+use crate::act::{
+    self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
+};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::status::StatusReport;
@@ -250,12 +252,13 @@ fn drain_pod_fingerprint(pod: &Pod) -> u64 {
         .flatten()
         .map(|o| o.uid.as_str())
         .collect();
-    let mut repr = format!("{:?}", obs.kind);
-    if let plan::PodKind::Drain(d) = &obs.kind {
-        repr = repr.replace(&d.resource_version, "");
+    // Every field the planner reads but the resourceVersion, which changes with every write.
+    let mut kind = obs.kind;
+    if let plan::PodKind::Drain(d) = &mut kind {
+        d.resource_version.clear();
     }
     watch::fingerprint((
-        repr,
+        format!("{kind:?}"),
         obs.uid,
         obs.terminating,
         owners,
@@ -523,16 +526,27 @@ fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
 }
 
 /// Whether a failed write means the object we meant is gone or replaced: 404, 409 (UID
-/// precondition), or 422 for a patch whose `metadata.uid` no longer matches (immutable field).
+/// precondition), or 422 rejecting the `metadata.uid` sent in a patch (immutable field: the
+/// object under that name has another UID). Any other 422 stays an error.
 fn gone_or_replaced(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => {
-            s.code == 404
-                || s.code == 409
-                || (s.code == 422 && s.message.to_ascii_lowercase().contains("uid"))
-        }
+    let kube::Error::Api(s) = e else {
+        return false;
+    };
+    match s.code {
+        404 | 409 => true,
+        422 => uid_rejected(s),
         _ => false,
     }
+}
+
+/// Whether an Invalid (422) status is about `metadata.uid`: by its causes, or by its message
+/// when it has none ("... is invalid: metadata.uid: Invalid value: ...: field is immutable").
+fn uid_rejected(s: &kube::core::Status) -> bool {
+    s.details
+        .iter()
+        .flat_map(|d| &d.causes)
+        .any(|c| c.field == "metadata.uid")
+        || s.message.contains("metadata.uid")
 }
 
 fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
@@ -599,7 +613,7 @@ impl Cluster for KubeCluster<'_> {
         name: &str,
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Patched, kube::Error> {
         // The UID in the patch is a precondition: a claim recreated under the name is left alone.
         let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
         let pp = PatchParams {
@@ -610,8 +624,8 @@ impl Cluster for KubeCluster<'_> {
         self.metrics
             .request("patch", "persistentvolumeclaims", &result);
         match result {
-            Ok(_) => Ok(()),
-            Err(e) if gone_or_replaced(&e) => Ok(()),
+            Ok(_) => Ok(Patched::Done),
+            Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
             Err(e) => Err(e),
         }
     }
@@ -937,3 +951,6 @@ fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Requeu
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
     Requeue::requeue(delay)
 }
+
+#[cfg(test)]
+mod tests;

@@ -567,6 +567,24 @@ fn delete_finished(ord: &Ordinal<'_>, pod: &PodObs, why: DeleteWhy) -> Action {
     }
 }
 
+/// Deletes a drain pod that has not (provably) finished; with `rv`, only if it has not changed
+/// since it was observed (so one that succeeded meanwhile is not cancelled).
+fn delete_unfinished(
+    ord: &Ordinal<'_>,
+    pod: &PodObs,
+    drain: &DrainPod,
+    why: DeleteWhy,
+    rv: bool,
+) -> Action {
+    Action::DeleteDrainPod {
+        ordinal: ord.ordinal,
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        resource_version: rv.then(|| drain.resource_version.clone()),
+        why,
+    }
+}
+
 fn claim_refs(claims: &[&Claim]) -> Vec<ClaimRef> {
     claims
         .iter()
@@ -592,6 +610,11 @@ struct Ordinal<'a> {
 impl Ordinal<'_> {
     fn live_refs(&self) -> Vec<ClaimRef> {
         claim_refs(&self.live)
+    }
+
+    /// Whether the failure of this drain pod is already counted in the record.
+    fn counted(&self, pod: &PodObs) -> bool {
+        self.record.counted_pod_uid.as_deref() == Some(pod.uid.as_str())
     }
 
     /// The time the last report showed it done, if it did.
@@ -893,7 +916,7 @@ impl<'a> Planner<'a> {
         Some(state)
     }
 
-    /// One of our drain pods holds the name.
+    /// One of our drain pods holds the name: dispatches on what became of it.
     fn drain_pod(
         &mut self,
         ord: &Ordinal<'_>,
@@ -903,140 +926,131 @@ impl<'a> Planner<'a> {
         if drain.proven_success() {
             return self.succeeded(ord, pod, drain);
         }
-        let counted = ord.record.counted_pod_uid.as_deref() == Some(pod.uid.as_str());
         if drain.phase == DrainPhase::Succeeded {
-            // Exited 0 after someone asked it to stop: not proof that the drain finished.
-            if ord.in_range {
-                self.clear_record(ord);
-                return None;
-            }
-            if ord.live.is_empty() {
-                return Some(match ord.done_at() {
-                    Some(at) => OrdinalState::Done { at },
-                    None => OrdinalState::Waiting {
-                        reason: format!("drain pod {} is terminating", pod.name),
-                    },
-                });
-            }
-            if counted {
-                return Some(self.counted_state(&ord.record, "interrupted"));
-            }
-            let asked = match drain.delete_requested_at {
-                Some(t) if t > Timestamp::MIN => format!("was asked to stop at {t}"),
-                _ => "was deleted".to_owned(),
-            };
-            return Some(self.record_failure(
-                ord,
-                &pod.uid,
-                FailureKind::Interrupted,
-                format!(
-                    "drain pod {asked} and exited 0 without proof it had finished; the claims \
-                     are kept and the drain runs again"
-                ),
-            ));
+            return self.interrupted(ord, pod, drain);
         }
         if pod.terminating {
-            if ord.in_range {
-                return None;
-            }
-            if counted {
-                return Some(self.counted_state(&ord.record, "drain pod stopped"));
-            }
-            return Some(OrdinalState::Waiting {
-                reason: format!("drain pod {} is terminating", pod.name),
-            });
+            return self.terminating(ord, pod);
         }
-        let delete = |why, rv: bool| Action::DeleteDrainPod {
-            ordinal: ord.ordinal,
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-            resource_version: rv.then(|| drain.resource_version.clone()),
-            why,
-        };
         if drain.phase == DrainPhase::Failed {
-            if ord.in_range {
-                self.act(delete(DeleteWhy::Failed, false));
-                self.clear_record(ord);
-                return None;
-            }
-            let reason = drain
-                .failure
-                .clone()
-                .unwrap_or_else(|| "drain pod failed".to_owned());
-            let state = if counted {
-                self.counted_state(&ord.record, &reason)
-            } else {
-                self.record_failure(ord, &pod.uid, FailureKind::Failed, reason)
-            };
-            self.act(delete(DeleteWhy::Failed, false));
-            return Some(state);
+            return self.failed(ord, pod, drain);
         }
         // Pending, Running or Unknown: the drain has not finished.
         if ord.in_range {
-            return self.returned(ord, drain, delete);
-        }
-        if let Some(reason) = self.stuck(drain) {
-            let state = if counted {
-                self.counted_state(&ord.record, &reason)
-            } else {
-                self.record_failure(
-                    ord,
-                    &pod.uid,
-                    FailureKind::Stuck,
-                    format!("stuck: {reason}"),
-                )
-            };
-            self.act(delete(DeleteWhy::Stuck, true));
-            if let OrdinalState::Retrying { .. } = state {
-                return Some(OrdinalState::Stuck {
-                    attempt: ord.record.attempts + 1,
-                    reason,
-                });
-            }
-            return Some(state);
-        }
-        if let Some(reason) = self.stalled(drain) {
-            let state = if counted {
-                self.counted_state(&ord.record, &reason)
-            } else {
-                self.record_failure(
-                    ord,
-                    &pod.uid,
-                    FailureKind::Stalled,
-                    format!("stalled: {reason}"),
-                )
-            };
-            self.act(delete(DeleteWhy::Stalled, true));
-            return Some(state);
-        }
-        if let NewDrains::Allowed { template_hash } = &self.settings.new_drains
-            && !drain.started
-            && drain
-                .template_hash
-                .as_ref()
-                .is_some_and(|h| h != template_hash)
-        {
-            self.act(delete(DeleteWhy::TemplateChanged, true));
-            return Some(OrdinalState::Waiting {
-                reason: format!("drain template changed: replacing drain pod {}", pod.name),
+            return self.returned(ord, drain, |why, rv| {
+                delete_unfinished(ord, pod, drain, why, rv)
             });
         }
-        if let Some(deadline) = self.deadline_of(&ord.record) {
-            if deadline <= self.now {
-                let state = if counted {
-                    self.counted_state(&ord.record, "deadline exceeded")
-                } else {
-                    self.record_failure(
-                        ord,
-                        &pod.uid,
-                        FailureKind::DeadlineExceeded,
-                        "deadline exceeded".to_owned(),
-                    )
-                };
-                self.act(delete(DeleteWhy::DeadlineExceeded, true));
-                return Some(state);
-            }
-            self.requeue_at(deadline);
+        self.unfinished(ord, pod, drain)
+    }
+
+    /// The state after a failed attempt by `pod`: counted the first time it is seen (with
+    /// `reason`), read back from the record after that (`fallback` if it has no reason).
+    fn failed_attempt(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        kind: FailureKind,
+        fallback: &str,
+        reason: String,
+    ) -> OrdinalState {
+        if ord.counted(pod) {
+            self.counted_state(&ord.record, fallback)
+        } else {
+            self.record_failure(ord, &pod.uid, kind, reason)
+        }
+    }
+
+    /// The drain pod exited 0 after someone asked it to stop: not proof that the drain
+    /// finished, so a failed (interrupted) attempt.
+    fn interrupted(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        if ord.in_range {
+            self.clear_record(ord);
+            return None;
+        }
+        if ord.live.is_empty() {
+            return Some(match ord.done_at() {
+                Some(at) => OrdinalState::Done { at },
+                None => OrdinalState::Waiting {
+                    reason: format!("drain pod {} is terminating", pod.name),
+                },
+            });
+        }
+        let asked = match drain.delete_requested_at {
+            Some(t) if t > Timestamp::MIN => format!("was asked to stop at {t}"),
+            _ => "was deleted".to_owned(),
+        };
+        Some(self.failed_attempt(
+            ord,
+            pod,
+            FailureKind::Interrupted,
+            "interrupted",
+            format!(
+                "drain pod {asked} and exited 0 without proof it had finished; the claims are \
+                 kept and the drain runs again"
+            ),
+        ))
+    }
+
+    /// The drain pod, not finished, is being deleted: wait until it is gone.
+    fn terminating(&mut self, ord: &Ordinal<'_>, pod: &PodObs) -> Option<OrdinalState> {
+        if ord.in_range {
+            return None;
+        }
+        if ord.counted(pod) {
+            return Some(self.counted_state(&ord.record, "drain pod stopped"));
+        }
+        Some(OrdinalState::Waiting {
+            reason: format!("drain pod {} is terminating", pod.name),
+        })
+    }
+
+    /// The drain pod failed: a failed attempt (none if the ordinal is back), and the pod goes.
+    fn failed(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let delete = delete_unfinished(ord, pod, drain, DeleteWhy::Failed, false);
+        if ord.in_range {
+            self.act(delete);
+            self.clear_record(ord);
+            return None;
+        }
+        let reason = drain
+            .failure
+            .clone()
+            .unwrap_or_else(|| "drain pod failed".to_owned());
+        let state = self.failed_attempt(ord, pod, FailureKind::Failed, &reason, reason.clone());
+        self.act(delete);
+        Some(state)
+    }
+
+    /// A drain pod that has not finished, of an ordinal still out of range: stuck, stalled,
+    /// made from an older template, past the deadline, or draining.
+    fn unfinished(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        if let Some(state) = self.stuck_attempt(ord, pod, drain) {
+            return Some(state);
+        }
+        if let Some(state) = self.stalled_attempt(ord, pod, drain) {
+            return Some(state);
+        }
+        if let Some(state) = self.template_changed(ord, pod, drain) {
+            return Some(state);
+        }
+        if let Some(state) = self.deadline_exceeded(ord, pod, drain) {
+            return Some(state);
         }
         if !ord.live.is_empty() && ord.record.pod_uid.as_deref() != Some(pod.uid.as_str()) {
             self.act(Action::RecordDrainPod {
@@ -1049,6 +1063,111 @@ impl<'a> Planner<'a> {
             attempt: ord.record.attempts + 1,
             progress: drain.progress.clone(),
         })
+    }
+
+    /// A stuck drain pod is a failed attempt: counted, and the pod goes.
+    fn stuck_attempt(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let reason = self.stuck(drain)?;
+        let state = self.failed_attempt(
+            ord,
+            pod,
+            FailureKind::Stuck,
+            &reason,
+            format!("stuck: {reason}"),
+        );
+        self.act(delete_unfinished(ord, pod, drain, DeleteWhy::Stuck, true));
+        if let OrdinalState::Retrying { .. } = state {
+            return Some(OrdinalState::Stuck {
+                attempt: ord.record.attempts + 1,
+                reason,
+            });
+        }
+        Some(state)
+    }
+
+    /// A stalled drain pod is a failed attempt: counted, and the pod goes.
+    fn stalled_attempt(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let reason = self.stalled(drain)?;
+        let state = self.failed_attempt(
+            ord,
+            pod,
+            FailureKind::Stalled,
+            &reason,
+            format!("stalled: {reason}"),
+        );
+        self.act(delete_unfinished(ord, pod, drain, DeleteWhy::Stalled, true));
+        Some(state)
+    }
+
+    /// A drain pod made from another template than today's that has not started is replaced
+    /// (not a failed attempt).
+    fn template_changed(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let NewDrains::Allowed { template_hash } = &self.settings.new_drains else {
+            return None;
+        };
+        let changed = !drain.started
+            && drain
+                .template_hash
+                .as_ref()
+                .is_some_and(|h| h != template_hash);
+        if !changed {
+            return None;
+        }
+        self.act(delete_unfinished(
+            ord,
+            pod,
+            drain,
+            DeleteWhy::TemplateChanged,
+            true,
+        ));
+        Some(OrdinalState::Waiting {
+            reason: format!("drain template changed: replacing drain pod {}", pod.name),
+        })
+    }
+
+    /// A drain pod still running at the series' deadline is a failed attempt: counted, and the
+    /// pod goes. Before the deadline, requeues at it.
+    fn deadline_exceeded(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let deadline = self.deadline_of(&ord.record)?;
+        if deadline > self.now {
+            self.requeue_at(deadline);
+            return None;
+        }
+        let state = self.failed_attempt(
+            ord,
+            pod,
+            FailureKind::DeadlineExceeded,
+            "deadline exceeded",
+            "deadline exceeded".to_owned(),
+        );
+        self.act(delete_unfinished(
+            ord,
+            pod,
+            drain,
+            DeleteWhy::DeadlineExceeded,
+            true,
+        ));
+        Some(state)
     }
 
     /// The drain pod succeeded before anyone asked it to stop: its claims go, then the pod.

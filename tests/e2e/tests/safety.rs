@@ -36,6 +36,39 @@ fn drain_set(name: &str, script: &str) -> SetBuilder {
     )
 }
 
+/// Watches the set until its status reports `state` for the ordinal; returns that status.
+/// Unlike [`wait_ordinal_state`], which polls, this sees every write of the status, so a state
+/// shown for a single reconcile is not missed; start it before what leads to the state.
+async fn watch_ordinal_state(
+    ns: &TestNamespace,
+    set: &str,
+    ordinal: i32,
+    state: &str,
+) -> Result<Value> {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::ResourceExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let config = watcher::Config::default().fields(&format!("metadata.name={set}"));
+    let mut sets = watcher(ns.api::<StatefulSet>(), config)
+        .applied_objects()
+        .boxed();
+    let seen = async {
+        while let Some(s) = sets.try_next().await? {
+            let status = s
+                .annotations()
+                .get(annotations::STATUS)
+                .and_then(|text| serde_json::from_str::<Value>(text).ok());
+            if let Some(status) = status.filter(|st| ordinal_state(st, ordinal) == Some(state)) {
+                return Ok(status);
+            }
+        }
+        bail!("the watch of {set} ended")
+    };
+    tokio::time::timeout(T, seen)
+        .await
+        .with_context(|| format!("timed out waiting for {set} with ordinal {ordinal} {state:?}"))?
+}
+
 async fn patch_set(ns: &TestNamespace, set: &str, patch: Value) -> Result<()> {
     ns.api::<StatefulSet>()
         .patch(set, &PatchParams::default(), &Patch::Merge(patch))
@@ -188,9 +221,13 @@ async fn ordered_ready_3_to_1_to_3_while_ordinal_1_drains_loses_nothing() -> Res
         wait_stateful_pod_back(&ns, &name).await?;
     }
     assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
-    eprintln!(
-        "DrainCancelled events: {:?}",
-        events(&ns, "DrainCancelled").await?
+    // The scale-up cancelled the drain of ordinal 1 (the default policy), not waited for it.
+    let cancelled = wait_set_event(&ns, DATASTORE, "DrainCancelled").await?;
+    ensure!(
+        cancelled
+            .iter()
+            .any(|e| e.contains("cancelled the drain of datastore-1;")),
+        "a DrainCancelled event for ordinal 1: {cancelled:?}"
     );
     Ok(())
 }
@@ -211,8 +248,14 @@ async fn a_stuck_drain_pod_counts_as_a_failed_attempt_until_the_template_is_fixe
     wait_running(&ns, &pod_names("web", 0..3)).await?;
     let claim = claim_uid(&ns, "data-web-2").await?;
 
-    scale(&ns, "web", 2).await?;
-    wait_set_event(&ns, "web", "DrainStuck").await?;
+    // The status shows `stuck` only until the stuck pod is gone (one reconcile): watched from
+    // before the scale, not polled.
+    let scaled = async {
+        scale(&ns, "web", 2).await?;
+        wait_set_event(&ns, "web", "DrainStuck").await
+    };
+    let (stuck, _) = futures::try_join!(watch_ordinal_state(&ns, "web", 2, "stuck"), scaled)?;
+    eprintln!("status while stuck: {stuck}");
     wait_set_event(&ns, "web", "DrainGaveUp").await?;
     let status = wait_ordinal_state(&ns, "web", 2, "failed").await?;
     eprintln!("status after giving up: {status}");

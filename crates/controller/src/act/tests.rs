@@ -30,6 +30,8 @@ struct Fake {
     delete_outcome: Option<Deleted>,
     /// Fail calls on this claim only.
     fail_claim: Option<&'static str>,
+    /// This claim is gone or was replaced: patching it comes to [`Patched::Gone`].
+    gone_claim: Option<&'static str>,
     /// Lead (may act) for this many actions only.
     lead_for: Option<usize>,
     /// How often the fence was checked.
@@ -104,12 +106,17 @@ impl Cluster for Fake {
         name: &str,
         _uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Patched, kube::Error> {
         let pairs = annotations
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        self.push(Call::Annotate(name.to_owned(), pairs), "annotate")
+        self.push(Call::Annotate(name.to_owned(), pairs), "annotate")?;
+        Ok(if self.gone_claim == Some(name) {
+            Patched::Gone
+        } else {
+            Patched::Done
+        })
     }
     async fn still_orphaned(&self, _ordinal: i32) -> Result<bool, kube::Error> {
         Ok(!self.back_in_range)
@@ -592,4 +599,97 @@ fn dry_run_events_say_what_would_happen_without_times() {
         );
         assert_eq!(e.subject, Subject::Set);
     }
+}
+
+fn gone(claim: &'static str) -> Fake {
+    Fake {
+        gone_claim: Some(claim),
+        ..Fake::default()
+    }
+}
+
+fn is_annotate(call: &Call) -> bool {
+    matches!(call, Call::Annotate(..))
+}
+
+#[tokio::test]
+async fn a_claim_replaced_before_a_new_series_gets_no_drain_pod() {
+    let fake = gone("data-web-2");
+    ok(run(&fake, &[create(1, true)]).await);
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 1, "only the series annotation: {calls:?}");
+    assert!(is_annotate(&calls[0]), "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_claim_replaced_before_its_failure_is_counted_stops_the_ordinal_not_the_others() {
+    let fake = gone("data-web-2");
+    let actions = [
+        failure(2, FailureKind::Failed, false, false),
+        delete_pod(2, DeleteWhy::Failed, None),
+        failure(1, FailureKind::Failed, false, false),
+        delete_pod(1, DeleteWhy::Failed, None),
+    ];
+    ok(run(&fake, &actions).await);
+    let calls = fake.calls();
+    assert!(
+        !calls.contains(&Call::DeletePod("web-2".to_owned(), "p".to_owned(), None)),
+        "{calls:?}"
+    );
+    assert!(
+        calls.contains(&Call::DeletePod("web-1".to_owned(), "p".to_owned(), None)),
+        "{calls:?}"
+    );
+    let reported = calls.iter().filter(|c| matches!(c, Call::Event(_))).count();
+    assert_eq!(
+        reported, 2,
+        "only ordinal 1's failure is reported: {calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_replaced_stops_writing_to_the_claims_after_it() {
+    let fake = gone("data-web-2");
+    let other = ClaimRef {
+        name: "logs-web-2".to_owned(),
+        uid: "l2".to_owned(),
+    };
+    let actions = [
+        Action::RecordReturn {
+            ordinal: 2,
+            claims: vec![claim(2), other],
+            at: now(),
+        },
+        Action::ClearRecord {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+    ];
+    ok(run(&fake, &actions).await);
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(matches!(&calls[0], Call::Annotate(n, _) if n == "data-web-2"));
+}
+
+#[tokio::test]
+async fn a_claim_replaced_after_the_create_still_reports_the_pod() {
+    // Not a new series: the only write is the UID record after the create.
+    let fake = gone("data-web-2");
+    ok(run(&fake, &[create(2, false)]).await);
+    let calls = fake.calls();
+    assert_eq!(calls[0], Call::Create("web-2".to_owned()));
+    assert!(is_annotate(&calls[1]), "{calls:?}");
+    assert!(calls.contains(&Call::Event("DrainRetrying".to_owned())));
+}
+
+#[test]
+fn a_replaced_claim_is_reported_by_no_event() {
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: None,
+        now: now(),
+    };
+    let action = failure(2, FailureKind::Failed, true, false);
+    assert!(events(&ctx, &action, &Outcome::ClaimGone("data-web-2".to_owned())).is_empty());
 }

@@ -1,0 +1,416 @@
+//! Tests of the pure helpers of the controller wiring: error classification and watch
+//! fingerprints.
+
+use super::*;
+
+/// A failure as the API server sends it.
+fn api_error(code: u16, message: &str, cause_field: Option<&str>) -> kube::Error {
+    let causes: Vec<_> = cause_field
+        .map(|field| json!({"reason": "FieldValueInvalid", "field": field}))
+        .into_iter()
+        .collect();
+    let status: kube::core::Status = serde_json::from_value(json!({
+        "status": "Failure",
+        "code": code,
+        "message": message,
+        "details": {"name": "data-web-2", "kind": "persistentvolumeclaims", "causes": causes},
+    }))
+    .expect("a status");
+    kube::Error::Api(status.boxed())
+}
+
+#[rstest::rstest]
+#[case::not_found(404, "persistentvolumeclaims \"data-web-2\" not found", None, true)]
+#[case::uid_precondition_conflict(
+    409,
+    "Operation cannot be fulfilled on persistentvolumeclaims \"data-web-2\": Precondition failed: \
+     UID in precondition: c2, UID in object meta: c9",
+    None,
+    true
+)]
+#[case::uid_rejected_by_message(
+    422,
+    "PersistentVolumeClaim \"data-web-2\" is invalid: metadata.uid: Invalid value: \"c2\": field \
+     is immutable",
+    None,
+    true
+)]
+#[case::uid_rejected_by_cause(
+    422,
+    "PersistentVolumeClaim \"data-web-2\" is invalid",
+    Some("metadata.uid"),
+    true
+)]
+#[case::unrelated_invalid(
+    422,
+    "PersistentVolumeClaim \"data-web-2\" is invalid: metadata.annotations: Invalid value: \
+     \"drain.example/pod-uid\": name part must consist of alphanumeric characters",
+    Some("metadata.annotations"),
+    false
+)]
+#[case::denied(403, "denied by webhook: uid", None, false)]
+#[case::server_error(500, "etcd timeout", None, false)]
+fn gone_or_replaced_tells_a_replaced_object_from_a_failed_write(
+    #[case] code: u16,
+    #[case] message: &str,
+    #[case] cause_field: Option<&str>,
+    #[case] gone: bool,
+) {
+    assert_eq!(
+        gone_or_replaced(&api_error(code, message, cause_field)),
+        gone
+    );
+}
+
+/// A change to an object, and whether the fingerprint must notice it.
+type Case<T> = (&'static str, fn(&mut T), bool);
+
+/// Applies each change to a fresh `base()` and checks the fingerprint moves exactly when the
+/// case says it must.
+fn check<T>(base: fn() -> T, fingerprint: fn(&T) -> u64, cases: &[Case<T>]) {
+    let before = fingerprint(&base());
+    assert_eq!(before, fingerprint(&base()), "stable");
+    for (name, change, must_change) in cases {
+        let mut obj = base();
+        change(&mut obj);
+        let changed = fingerprint(&obj) != before;
+        assert_eq!(changed, *must_change, "{name}");
+    }
+}
+
+fn deleted_at() -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2026-01-01T00:00:00Z".parse().unwrap(),
+    ))
+}
+
+fn annotate(meta: &mut ObjectMeta, key: &str, value: &str) {
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(key.to_owned(), value.to_owned());
+}
+
+fn set() -> StatefulSet {
+    let mut set = crate::fixtures::SetBuilder::new("web")
+        .generation(4)
+        .replicas(3)
+        .claim_template("data")
+        .drain_template(&crate::fixtures::drain_template_json(&["data"]))
+        .annotation(annotations::STATUS, "{}")
+        .status(k8s_openapi::api::apps::v1::StatefulSetStatus {
+            replicas: 3,
+            ready_replicas: Some(3),
+            observed_generation: Some(4),
+            ..Default::default()
+        })
+        .build();
+    set.metadata.resource_version = Some("48213".to_owned());
+    set
+}
+
+#[test]
+fn set_fingerprint_ignores_status_and_follows_spec_deletion_and_annotations() {
+    check(
+        set,
+        set_fingerprint,
+        &[
+            (
+                "status: readiness",
+                |s| {
+                    s.status.as_mut().unwrap().ready_replicas = Some(1);
+                },
+                false,
+            ),
+            (
+                "status: observed generation",
+                |s| {
+                    s.status.as_mut().unwrap().observed_generation = Some(5);
+                },
+                false,
+            ),
+            (
+                "resourceVersion",
+                |s| {
+                    s.metadata.resource_version = Some("48377".to_owned());
+                },
+                false,
+            ),
+            (
+                "our status annotation",
+                |s| {
+                    annotate(&mut s.metadata, annotations::STATUS, r#"{"2":"draining"}"#);
+                },
+                false,
+            ),
+            // A scale changes the spec, and the API server bumps the generation with it.
+            (
+                "replicas (scale)",
+                |s| {
+                    s.spec.as_mut().unwrap().replicas = Some(1);
+                    s.metadata.generation = Some(5);
+                },
+                true,
+            ),
+            (
+                "deletion timestamp",
+                |s| s.metadata.deletion_timestamp = deleted_at(),
+                true,
+            ),
+            (
+                "a drain annotation",
+                |s| {
+                    annotate(&mut s.metadata, annotations::MAX_ATTEMPTS, "2");
+                },
+                true,
+            ),
+            (
+                "recreated (uid)",
+                |s| s.metadata.uid = Some("other".to_owned()),
+                true,
+            ),
+        ],
+    );
+}
+
+fn stateful_pod() -> PartialObjectMeta<Pod> {
+    use kube::core::PartialObjectMetaExt;
+    ObjectMeta {
+        name: Some("web-1".to_owned()),
+        uid: Some("p1".to_owned()),
+        resource_version: Some("48213".to_owned()),
+        labels: Some(BTreeMap::from([(
+            "apps.kubernetes.io/pod-index".to_owned(),
+            "1".to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    }
+    .into_response_partial()
+}
+
+#[test]
+fn stateful_pod_fingerprint_follows_only_identity_and_deletion() {
+    check(
+        stateful_pod,
+        stateful_pod_fingerprint,
+        &[
+            (
+                "resourceVersion (readiness and other status updates)",
+                |p| {
+                    p.metadata.resource_version = Some("48377".to_owned());
+                },
+                false,
+            ),
+            (
+                "a label",
+                |p| {
+                    p.labels_mut().insert("team".to_owned(), "a".to_owned());
+                },
+                false,
+            ),
+            (
+                "an annotation",
+                |p| annotate(&mut p.metadata, "note", "x"),
+                false,
+            ),
+            (
+                "deletion timestamp",
+                |p| p.metadata.deletion_timestamp = deleted_at(),
+                true,
+            ),
+            (
+                "recreated (uid)",
+                |p| p.metadata.uid = Some("p2".to_owned()),
+                true,
+            ),
+        ],
+    );
+}
+
+fn drain_pod() -> Pod {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodCondition,
+    };
+    let mut pod = crate::fixtures::PodBuilder::new("web-2")
+        .uid("d2")
+        .label(labels::DRAIN_POD, "web")
+        .annotation(drain_api::pod_annotations::CLAIMS, r#"{"data-web-2":"c2"}"#)
+        .annotation(drain_api::pod_annotations::TEMPLATE_HASH, "h1")
+        .phase("Running")
+        .build();
+    pod.metadata.resource_version = Some("48213".to_owned());
+    let status = pod.status.as_mut().unwrap();
+    status.container_statuses = Some(vec![ContainerStatus {
+        name: "drainer".to_owned(),
+        ready: false,
+        state: Some(ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: deleted_at(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    status.conditions = Some(vec![PodCondition {
+        type_: "Ready".to_owned(),
+        status: "False".to_owned(),
+        ..Default::default()
+    }]);
+    pod
+}
+
+#[test]
+fn drain_pod_fingerprint_ignores_readiness_and_follows_phase_deletion_and_annotations() {
+    check(
+        drain_pod,
+        drain_pod_fingerprint,
+        &[
+            (
+                "resourceVersion",
+                |p| {
+                    p.metadata.resource_version = Some("48377".to_owned());
+                },
+                false,
+            ),
+            (
+                "readiness",
+                |p| {
+                    let status = p.status.as_mut().unwrap();
+                    status.conditions.as_mut().unwrap()[0].status = "True".to_owned();
+                    status.container_statuses.as_mut().unwrap()[0].ready = true;
+                },
+                false,
+            ),
+            (
+                "pod IP",
+                |p| p.status.as_mut().unwrap().pod_ip = Some("10.0.0.7".to_owned()),
+                false,
+            ),
+            (
+                "phase",
+                |p| p.status.as_mut().unwrap().phase = Some("Succeeded".to_owned()),
+                true,
+            ),
+            (
+                "deletion timestamp",
+                |p| p.metadata.deletion_timestamp = deleted_at(),
+                true,
+            ),
+            (
+                "progress annotation",
+                |p| {
+                    annotate(
+                        &mut p.metadata,
+                        drain_api::pod_annotations::PROGRESS,
+                        &drain_api::progress::DrainProgress {
+                            records_moved: 1,
+                            records_remaining: 1,
+                            changed_at: "2026-01-01T00:01:00Z".to_owned(),
+                            ..Default::default()
+                        }
+                        .render(),
+                    );
+                },
+                true,
+            ),
+            (
+                "template hash annotation",
+                |p| {
+                    annotate(
+                        &mut p.metadata,
+                        drain_api::pod_annotations::TEMPLATE_HASH,
+                        "h2",
+                    );
+                },
+                true,
+            ),
+            (
+                "restarts",
+                |p| {
+                    p.status
+                        .as_mut()
+                        .unwrap()
+                        .container_statuses
+                        .as_mut()
+                        .unwrap()[0]
+                        .restart_count = 1;
+                },
+                true,
+            ),
+            (
+                "drain-pod label",
+                |p| {
+                    p.labels_mut().remove(labels::DRAIN_POD);
+                },
+                true,
+            ),
+            (
+                "recreated (uid)",
+                |p| p.metadata.uid = Some("d3".to_owned()),
+                true,
+            ),
+        ],
+    );
+}
+
+fn claim() -> PartialObjectMeta<PersistentVolumeClaim> {
+    use kube::core::PartialObjectMetaExt;
+    ObjectMeta {
+        name: Some("data-web-2".to_owned()),
+        uid: Some("c2".to_owned()),
+        resource_version: Some("48213".to_owned()),
+        annotations: Some(BTreeMap::from([(
+            claim_annotations::ATTEMPTS.to_owned(),
+            "1".to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    }
+    .into_response_partial()
+}
+
+#[test]
+fn claim_fingerprint_follows_identity_deletion_and_annotations() {
+    check(
+        claim,
+        claim_fingerprint,
+        &[
+            (
+                "resourceVersion (status updates: bound, resized)",
+                |c| {
+                    c.metadata.resource_version = Some("48377".to_owned());
+                },
+                false,
+            ),
+            (
+                "a label",
+                |c| {
+                    c.labels_mut().insert("team".to_owned(), "a".to_owned());
+                },
+                false,
+            ),
+            (
+                "our annotation",
+                |c| {
+                    annotate(&mut c.metadata, claim_annotations::ATTEMPTS, "2");
+                },
+                true,
+            ),
+            (
+                "approval",
+                |c| {
+                    annotate(&mut c.metadata, claim_annotations::APPROVED, "true");
+                },
+                true,
+            ),
+            (
+                "deletion timestamp",
+                |c| c.metadata.deletion_timestamp = deleted_at(),
+                true,
+            ),
+            (
+                "recreated (uid)",
+                |c| c.metadata.uid = Some("c3".to_owned()),
+                true,
+            ),
+        ],
+    );
+}
