@@ -669,12 +669,13 @@ impl Cluster for KubeCluster<'_> {
             event.severity,
             event.reason,
             event.note.clone(),
-        )
-        .await;
+        );
     }
 }
 
-async fn publish(
+/// Publishes an Event in the background: reporting never delays the drain actions of the
+/// reconcile (each Event is one or two API calls); a failure is only logged.
+fn publish(
     recorder: &Recorder,
     reference: &ObjectReference,
     severity: Severity,
@@ -691,9 +692,12 @@ async fn publish(
         action: "Drain".to_owned(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, reference).await {
-        warn!(error = %e, reason, "failed to publish event");
-    }
+    let (recorder, reference) = (recorder.clone(), reference.clone());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason = %ev.reason, "failed to publish event");
+        }
+    });
 }
 
 /// Writes the status annotation on the set when it changed (removes it when there is nothing
@@ -815,7 +819,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         };
         for p in &problems {
             warn!(reason = p.reason, message = %p.message, "invalid drain settings; no new drain until the set changes");
-            publish(&ctx.recorder, &set_ref, Severity::Warning, p.reason, format!("{}; no new drain starts until this is fixed", p.message)).await;
+            publish(&ctx.recorder, &set_ref, Severity::Warning, p.reason, format!("{}; no new drain starts until this is fixed", p.message));
         }
         let problem = (!problems.is_empty())
             .then(|| problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; "));
@@ -864,7 +868,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
-            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe()).await;
+            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe());
             errors.entry(*ordinal).or_insert_with(|| e.describe());
         }
         let failed_ordinals = errors.keys().copied().collect();
@@ -914,7 +918,7 @@ async fn dry_run(
     if changed {
         for e in &events {
             info!(reason = e.reason, note = %e.note, "dry run");
-            publish(&ctx.recorder, set_ref, e.severity, e.reason, e.note.clone()).await;
+            publish(&ctx.recorder, set_ref, e.severity, e.reason, e.note.clone());
         }
     }
     let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());
