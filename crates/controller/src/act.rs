@@ -343,8 +343,11 @@ async fn apply_one<C: Cluster>(
             .await
         }
         Action::RecordDrainPod {
-            claims, pod_uid, ..
-        } => record_drain_pod(cluster, claims, pod_uid).await,
+            claims,
+            pod_uid,
+            series,
+            ..
+        } => record_drain_pod(cluster, claims, pod_uid, series.as_ref()).await,
         Action::RecordFailure {
             ordinal,
             claims,
@@ -353,6 +356,7 @@ async fn apply_one<C: Cluster>(
             retry_after,
             reason,
             only_if_pod_gone,
+            series,
             ..
         } => {
             let failure = Failure {
@@ -361,6 +365,7 @@ async fn apply_one<C: Cluster>(
                 retry_after: *retry_after,
                 reason,
                 only_if_pod_gone: *only_if_pod_gone,
+                series: series.as_ref(),
             };
             record_failure(cluster, ctx, *ordinal, claims, &failure).await
         }
@@ -390,9 +395,39 @@ async fn record_drain_pod<C: Cluster>(
     cluster: &C,
     claims: &[ClaimRef],
     pod_uid: &str,
+    series: Option<&(Timestamp, String)>,
 ) -> Result<Outcome, ActError> {
-    let record = set(&[(claim_annotations::POD_UID, pod_uid.to_owned())]);
+    let mut record = set(&[(claim_annotations::POD_UID, pod_uid.to_owned())]);
+    if let Some((at, hash)) = series {
+        record.extend(series_record(*at, hash, false));
+    }
     annotate_all(cluster, claims, &record).await
+}
+
+/// The claim annotations that start a series of attempts: its start and template; the counts
+/// of an earlier series go, and with `new_drain` also an earlier return (a series repaired
+/// for a running drain pod keeps a return recorded for it).
+fn series_record(at: Timestamp, hash: &str, new_drain: bool) -> BTreeMap<String, Option<String>> {
+    let mut cleared = vec![
+        claim_annotations::ATTEMPTS,
+        claim_annotations::RETRY_AFTER,
+        claim_annotations::LAST_FAILURE,
+        claim_annotations::COUNTED_POD_UID,
+    ];
+    if new_drain {
+        cleared.push(claim_annotations::RETURNED_AT);
+    }
+    let mut record: BTreeMap<String, Option<String>> =
+        cleared.iter().map(|k| ((*k).to_owned(), None)).collect();
+    record.insert(
+        claim_annotations::FIRST_ATTEMPT_AT.to_owned(),
+        Some(at.to_string()),
+    );
+    record.insert(
+        claim_annotations::TEMPLATE_HASH.to_owned(),
+        Some(hash.to_owned()),
+    );
+    record
 }
 
 /// A failed attempt, as counted on the claims.
@@ -403,6 +438,8 @@ struct Failure<'a> {
     reason: &'a str,
     /// The pod vanished from the cache: count it only once the API server confirms it is gone.
     only_if_pod_gone: bool,
+    /// The failed pod's series, when the claims do not record it yet.
+    series: Option<&'a (Timestamp, String)>,
 }
 
 /// Before counting a drain pod that vanished from the cache: whether the API server still has
@@ -441,7 +478,11 @@ async fn record_failure<C: Cluster>(
     {
         return Ok(stale);
     }
-    let record = set(&[
+    let mut record = BTreeMap::new();
+    if let Some((at, hash)) = failure.series {
+        record.extend(series_record(*at, hash, false));
+    }
+    record.extend(set(&[
         (claim_annotations::ATTEMPTS, failure.attempts.to_string()),
         (
             claim_annotations::RETRY_AFTER,
@@ -452,7 +493,7 @@ async fn record_failure<C: Cluster>(
             claim_annotations::COUNTED_POD_UID,
             failure.pod_uid.to_owned(),
         ),
-    ]);
+    ]));
     annotate_all(cluster, claims, &record).await
 }
 
@@ -541,31 +582,6 @@ async fn create_drain_pod<C: Cluster>(
         );
         return Ok(Outcome::Stale("ordinal back in range"));
     }
-    if let Some((at, hash)) = new_series {
-        // A new series: its start and template; the counts of an earlier series go.
-        let mut record: BTreeMap<String, Option<String>> = [
-            claim_annotations::ATTEMPTS,
-            claim_annotations::RETRY_AFTER,
-            claim_annotations::LAST_FAILURE,
-            claim_annotations::COUNTED_POD_UID,
-            claim_annotations::RETURNED_AT,
-        ]
-        .iter()
-        .map(|k| ((*k).to_owned(), None))
-        .collect();
-        record.insert(
-            claim_annotations::FIRST_ATTEMPT_AT.to_owned(),
-            Some(at.to_string()),
-        );
-        record.insert(
-            claim_annotations::TEMPLATE_HASH.to_owned(),
-            Some(hash.clone()),
-        );
-        let outcome = annotate_all(cluster, &refs, &record).await?;
-        if outcome != Outcome::Done {
-            return Ok(outcome);
-        }
-    }
     let pod = template.pod(&DrainPodInput {
         ordinal,
         replicas: ctx.replicas,
@@ -584,7 +600,11 @@ async fn create_drain_pod<C: Cluster>(
     match created {
         Created::Uid(uid) => {
             info!(pod = %name, attempt, "created drain pod");
-            let record = set(&[(claim_annotations::POD_UID, uid.clone())]);
+            let mut record = set(&[(claim_annotations::POD_UID, uid.clone())]);
+            if let Some((at, hash)) = new_series {
+                // A new series: written with the pod, after the create, so nothing delays it.
+                record.extend(series_record(*at, hash, true));
+            }
             // A claim replaced just now leaves the pod unrecorded: the next reconcile plans from
             // what it finds. The pod exists either way, so it is reported.
             annotate_all(cluster, &refs, &record).await?;

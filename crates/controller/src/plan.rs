@@ -21,6 +21,12 @@
 //! | drain pod      | back in range, `cancel` (or drains stopped)    | `DeleteDrainPod` → `ClearRecord`|
 //! | drain pod      | back in range, `finish`                        | `RecordReturn`; cancel after the wait |
 //!
+//! A new series of attempts (its start and template hash) is recorded on the claims together
+//! with the first drain pod's UID, after the create, so nothing delays the create. When a crash
+//! comes in between, the claims record an earlier series or none while a drain pod of today's
+//! template runs: that pod's series (started at its creation) is the record its drain is judged
+//! by, and `RecordDrainPod`/`RecordFailure` write it.
+//!
 //! Invariants (property-tested below): a claim is deleted only when a drain pod of its ordinal
 //! recorded that claim's UID and succeeded before anyone asked for its deletion; no drain pod is
 //! created for an ordinal in range or whose name is taken; never more drains at once than
@@ -320,8 +326,10 @@ pub enum FailureKind {
 /// One step the act side carries out, in order; it decides nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Start a new series on the claims (when `new_series` is set), create the drain pod for
-    /// `ordinal` bound to `claims` (by claim template), then record its UID.
+    /// Create the drain pod for `ordinal` bound to `claims` (by claim template), then record
+    /// its UID on the claims, with the start of a new series when `new_series` is set (after
+    /// the create, so nothing delays it; a crash in between is repaired from the pod: see
+    /// [`Action::RecordDrainPod`]).
     CreateDrainPod {
         /// Ordinal.
         ordinal: i32,
@@ -340,6 +348,10 @@ pub enum Action {
         claims: Vec<ClaimRef>,
         /// The drain pod's UID.
         pod_uid: String,
+        /// Set when the claims do not record the pod's series yet (its start and template
+        /// hash are written after the create, and a crash may come in between): the series,
+        /// started at the pod's creation; the counts of an earlier series go.
+        series: Option<(Timestamp, String)>,
     },
     /// Count a failed attempt on the claims.
     RecordFailure {
@@ -362,6 +374,9 @@ pub enum Action {
         /// The pod was not seen in the cache: count it only if the API server confirms that
         /// no pod with `pod_uid` holds the name (the cache may lag behind a fresh create).
         only_if_pod_gone: bool,
+        /// As for [`Action::RecordDrainPod`]: the failed pod's series, when the claims do not
+        /// record it yet.
+        series: Option<(Timestamp, String)>,
     },
     /// Record when a scale-up brought the ordinal back under `finish`.
     RecordReturn {
@@ -585,6 +600,48 @@ fn delete_unfinished(
     }
 }
 
+/// The record an ordinal's drain runs under, and the series to write when the claims do not
+/// record the series of its drain pod: the claims' record, unless a drain pod made from
+/// today's template exists and the claims record another series or none (a series' start is
+/// written after its first create, and a crash may come in between); then the pod's series,
+/// started when the pod was created.
+fn record_of(
+    claims: DrainRecord,
+    pod: Option<&PodObs>,
+    new_drains: &NewDrains,
+    now: Timestamp,
+) -> (DrainRecord, Option<(Timestamp, String)>) {
+    let (
+        Some(PodObs {
+            kind: PodKind::Drain(drain),
+            ..
+        }),
+        NewDrains::Allowed { template_hash },
+    ) = (pod, new_drains)
+    else {
+        return (claims, None);
+    };
+    let Some(hash) = drain.template_hash.as_ref().filter(|h| *h == template_hash) else {
+        return (claims, None);
+    };
+    // A record without a hash (written by an older controller) is taken as the pod's series.
+    let recorded = claims.first_attempt_at.is_some()
+        && claims.template_hash.as_ref().is_none_or(|h| h == hash);
+    if recorded {
+        return (claims, None);
+    }
+    let start = drain.created_at.unwrap_or(now);
+    // The counts belong to the earlier series; a return and an approval to the claims.
+    let record = DrainRecord {
+        first_attempt_at: Some(start),
+        template_hash: Some(hash.clone()),
+        returned_at: claims.returned_at,
+        approved: claims.approved,
+        ..DrainRecord::default()
+    };
+    (record, Some((start, hash.clone())))
+}
+
 fn claim_refs(claims: &[&Claim]) -> Vec<ClaimRef> {
     claims
         .iter()
@@ -604,6 +661,9 @@ struct Ordinal<'a> {
     /// Its claims that are not being deleted.
     live: Vec<&'a Claim>,
     record: DrainRecord,
+    /// The series of its drain pod when the claims do not record it (see
+    /// [`Action::RecordDrainPod`]); `record` is then that series' start.
+    series: Option<(Timestamp, String)>,
     previous: Option<&'a OrdinalState>,
 }
 
@@ -668,15 +728,18 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
     for &o in ordinals.iter().rev() {
         let claims: Vec<&Claim> = snap.claims.iter().filter(|c| c.ordinal == o).collect();
         let live: Vec<&Claim> = claims.iter().copied().filter(|c| !c.terminating).collect();
+        let pod = snap.pods.iter().find(|p| p.ordinal == o);
+        let (record, series) = record_of(merged_record(&live), pod, &settings.new_drains, now);
         let ord = Ordinal {
             ordinal: o,
             in_range: range.contains(o),
-            record: merged_record(&live),
+            record,
+            series,
             claims,
             live,
             previous: snap.previous.get(&o),
         };
-        let state = match snap.pods.iter().find(|p| p.ordinal == o) {
+        let state = match pod {
             None => p.no_pod(&ord),
             Some(pod) => match &pod.kind {
                 PodKind::Other => p.stateful_pod(&ord, pod),
@@ -788,6 +851,7 @@ impl<'a> Planner<'a> {
                 reason: reason.clone(),
                 gave_up: gave_up.is_some(),
                 only_if_pod_gone: kind == FailureKind::Vanished,
+                series: ord.series.clone(),
             });
         }
         match gave_up {
@@ -1057,6 +1121,7 @@ impl<'a> Planner<'a> {
                 ordinal: ord.ordinal,
                 claims: ord.live_refs(),
                 pod_uid: pod.uid.clone(),
+                series: ord.series.clone(),
             });
         }
         Some(OrdinalState::Draining {

@@ -223,6 +223,7 @@ fn failure(ordinal: i32, kind: FailureKind, gave_up: bool, only_if_pod_gone: boo
         reason: "x".to_owned(),
         gave_up,
         only_if_pod_gone,
+        series: None,
     }
 }
 
@@ -249,46 +250,72 @@ fn ok(failed: Vec<(i32, ActError)>) {
 }
 
 #[tokio::test]
-async fn create_starts_a_series_then_creates_then_records_the_uid() {
+async fn create_creates_first_then_records_the_uid_and_the_new_series() {
     let fake = Fake::default();
     ok(run(&fake, &[create(1, true)]).await);
     let calls = fake.calls();
-    let Call::Annotate(name, series) = &calls[0] else {
+    // Nothing is written before the create: the pod is the first call that changes anything.
+    assert_eq!(calls[0], Call::Create("web-2".to_owned()), "{calls:?}");
+    let Call::Annotate(name, record) = &calls[1] else {
         panic!("{calls:?}")
     };
     assert_eq!(name, "data-web-2");
-    let series: BTreeMap<_, _> = series.iter().cloned().collect();
+    let record: BTreeMap<_, _> = record.iter().cloned().collect();
     assert_eq!(
-        series[claim_annotations::FIRST_ATTEMPT_AT],
+        record[claim_annotations::POD_UID],
+        Some("new-uid".to_owned())
+    );
+    assert_eq!(
+        record[claim_annotations::FIRST_ATTEMPT_AT],
         Some(now().to_string())
     );
     assert_eq!(
-        series[claim_annotations::TEMPLATE_HASH],
+        record[claim_annotations::TEMPLATE_HASH],
         Some("h1".to_owned())
     );
-    // The counts of an earlier series go.
+    // The counts of an earlier series go, and an earlier return.
     for k in [
         claim_annotations::ATTEMPTS,
         claim_annotations::RETRY_AFTER,
         claim_annotations::LAST_FAILURE,
         claim_annotations::COUNTED_POD_UID,
+        claim_annotations::RETURNED_AT,
     ] {
-        assert_eq!(series[k], None, "{k}");
+        assert_eq!(record[k], None, "{k}");
     }
     assert_eq!(
-        calls[1..],
+        calls[2..],
         [
-            Call::Create("web-2".to_owned()),
-            Call::Annotate(
-                "data-web-2".to_owned(),
-                vec![(
-                    claim_annotations::POD_UID.to_owned(),
-                    Some("new-uid".to_owned())
-                )]
-            ),
             Call::Event("DrainPodCreated".to_owned()),
             Call::Event("DrainPodCreated".to_owned()),
         ]
+    );
+}
+
+#[tokio::test]
+async fn a_repaired_series_keeps_a_recorded_return() {
+    let fake = Fake::default();
+    let action = Action::RecordDrainPod {
+        ordinal: 2,
+        claims: vec![claim(2)],
+        pod_uid: "p".to_owned(),
+        series: Some((now(), "h1".to_owned())),
+    };
+    ok(run(&fake, &[action]).await);
+    let calls = fake.calls();
+    let Call::Annotate(_, record) = &calls[0] else {
+        panic!("{calls:?}")
+    };
+    let record: BTreeMap<_, _> = record.iter().cloned().collect();
+    assert_eq!(record[claim_annotations::POD_UID], Some("p".to_owned()));
+    assert_eq!(
+        record[claim_annotations::TEMPLATE_HASH],
+        Some("h1".to_owned())
+    );
+    assert_eq!(record[claim_annotations::ATTEMPTS], None);
+    assert!(
+        !record.contains_key(claim_annotations::RETURNED_AT),
+        "{record:?}"
     );
 }
 
@@ -613,12 +640,18 @@ fn is_annotate(call: &Call) -> bool {
 }
 
 #[tokio::test]
-async fn a_claim_replaced_before_a_new_series_gets_no_drain_pod() {
+async fn a_claim_replaced_before_a_new_series_is_recorded_still_reports_the_pod() {
+    // The series is written with the UID after the create: the pod exists either way, and the
+    // next reconcile repairs the record from it.
     let fake = gone("data-web-2");
     ok(run(&fake, &[create(1, true)]).await);
     let calls = fake.calls();
-    assert_eq!(calls.len(), 1, "only the series annotation: {calls:?}");
-    assert!(is_annotate(&calls[0]), "{calls:?}");
+    assert_eq!(calls[0], Call::Create("web-2".to_owned()), "{calls:?}");
+    assert!(is_annotate(&calls[1]), "{calls:?}");
+    assert!(
+        calls.contains(&Call::Event("DrainPodCreated".to_owned())),
+        "{calls:?}"
+    );
 }
 
 #[tokio::test]

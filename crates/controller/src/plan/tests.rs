@@ -326,7 +326,8 @@ fn running_pod_without_recorded_uid_gets_it_recorded() {
         vec![Action::RecordDrainPod {
             ordinal: 2,
             claims: refs(&[&c]),
-            pod_uid: "drain-pod-2".to_owned()
+            pod_uid: "drain-pod-2".to_owned(),
+            series: None,
         }]
     );
 }
@@ -443,6 +444,7 @@ fn failure_is_counted_with_backoff_then_the_pod_deleted() {
                 reason: "exit code 1".to_owned(),
                 gave_up: false,
                 only_if_pod_gone: false,
+                series: None,
             },
             delete_pod(2, DeleteWhy::Failed),
         ]
@@ -511,6 +513,7 @@ fn a_drain_pod_deleted_by_someone_counts_as_a_failure() {
             reason: "drain pod was deleted before it finished".to_owned(),
             gave_up: false,
             only_if_pod_gone: true,
+            series: None,
         }]
     );
 }
@@ -1096,6 +1099,7 @@ fn a_drain_pod_that_exits_0_after_a_delete_request_is_not_a_success() {
             ),
             gave_up: false,
             only_if_pod_gone: false,
+            series: None,
         }]
     );
     assert!(matches!(plan.status[&2], OrdinalState::Retrying { .. }));
@@ -1691,4 +1695,113 @@ fn a_scale_up_before_approval_gives_the_claims_back() {
         ]
     );
     assert!(!p.status.contains_key(&2));
+}
+
+// --- a crash between a drain pod's create and the record of its series ---------------------
+
+/// The claims' record of an earlier series of another template, with counts and an old start.
+fn earlier_series() -> DrainRecord {
+    DrainRecord {
+        attempts: 2,
+        first_attempt_at: Some(t(-1000)),
+        retry_after: Some(t(-500)),
+        last_failure: Some("exit code 1".to_owned()),
+        counted_pod_uid: Some("old-pod".to_owned()),
+        pod_uid: Some("old-pod".to_owned()),
+        template_hash: Some("h0".to_owned()),
+        ..DrainRecord::default()
+    }
+}
+
+#[rstest]
+#[case::no_record(DrainRecord::default())]
+#[case::an_earlier_series(earlier_series())]
+fn a_drain_pod_whose_series_was_not_recorded_records_it_from_its_creation(
+    #[case] record: DrainRecord,
+) {
+    let c = with_record(claim("data", 2), record);
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(2, vec![c.clone()], pods), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordDrainPod {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned(),
+            series: Some((t(-100), HASH.to_owned())),
+        }]
+    );
+    assert_eq!(
+        plan.status[&2],
+        OrdinalState::Draining {
+            attempt: 1,
+            progress: None
+        }
+    );
+}
+
+#[test]
+fn an_unrecorded_series_is_not_judged_by_the_earlier_series_counts_or_deadline() {
+    // Under the earlier series' counts (2 of 3 attempts) and start (t(-1000), deadline 500 s),
+    // this failure would give up; it is the first attempt of a series started at t(-100).
+    let c = with_record(claim("data", 2), earlier_series());
+    let pods = vec![drain_pod(2, DrainPhase::Failed, &[&c])];
+    let s = Settings {
+        max_attempts: Some(3),
+        deadline: Some(Duration::from_secs(500)),
+        ..settings()
+    };
+    let plan = plan(&snap(2, vec![c.clone()], pods), &s, t(0));
+    assert_eq!(
+        plan.actions[0],
+        Action::RecordFailure {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned(),
+            kind: FailureKind::Failed,
+            attempts: 1,
+            retry_after: t(10),
+            reason: "exit code 1".to_owned(),
+            gave_up: false,
+            only_if_pod_gone: false,
+            series: Some((t(-100), HASH.to_owned())),
+        }
+    );
+    assert!(matches!(plan.status[&2], OrdinalState::Retrying { .. }));
+    // A running pod of that series is not stopped for the earlier series' deadline either.
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = super::plan(&snap(2, vec![c], pods), &s, t(0));
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteDrainPod { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
+
+#[test]
+fn a_recorded_series_or_a_pod_of_another_template_is_left_as_it_is() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    assert!(
+        plan(&snap(2, vec![c], pods), &settings(), t(0))
+            .actions
+            .is_empty()
+    );
+    // A pod of an earlier template keeps its own series' record (no repair toward today's).
+    let c = with_record(claim("data", 2), earlier_series());
+    let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    drain_of(&mut pod).template_hash = Some("h0".to_owned());
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![Action::RecordDrainPod {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            pod_uid: "drain-pod-2".to_owned(),
+            series: None,
+        }]
+    );
 }
