@@ -265,6 +265,29 @@ impl ControllerProcess {
         Self::spawn(namespace, &format!("{namespace}-{name}"), extra, &filter)
     }
 
+    /// A replica named `name` electing through a Lease in `namespace` with short durations
+    /// (4 s lease, 3 s renew deadline, 1 s retry period), logging like
+    /// [`start_named`](Self::start_named).
+    pub fn start_replica(namespace: &str, name: &str) -> Self {
+        Self::start_named(
+            namespace,
+            name,
+            &[
+                "--leader-elect",
+                "--leader-elect-namespace",
+                namespace,
+                "--leader-elect-identity",
+                name,
+                "--leader-elect-lease-duration",
+                "4s",
+                "--leader-elect-renew-deadline",
+                "3s",
+                "--leader-elect-retry-period",
+                "1s",
+            ],
+        )
+    }
+
     /// Like [`start`](Self::start), logging with this `RUST_LOG` filter.
     pub fn start_with_log(namespace: &str, extra: &[&str], filter: &str) -> Self {
         Self::spawn(namespace, namespace, extra, filter)

@@ -281,25 +281,7 @@ async fn two_replicas_with_the_leader_killed_mid_drain() -> Result<()> {
     let checked = Checked::start(&client, &ns, SCENARIO).await?;
     start_set(&ns, &drain_set("web", FLAKY_DRAIN).replicas(4).parallel()).await?;
     wait_running(&ns, &pod_names("web", 0..4)).await?;
-    let replica = |name: &str| {
-        ControllerProcess::start_named(
-            &ns.name,
-            name,
-            &[
-                "--leader-elect",
-                "--leader-elect-namespace",
-                &ns.name,
-                "--leader-elect-identity",
-                name,
-                "--leader-elect-lease-duration",
-                "4s",
-                "--leader-elect-renew-deadline",
-                "3s",
-                "--leader-elect-retry-period",
-                "1s",
-            ],
-        )
-    };
+    let replica = |name: &str| ControllerProcess::start_replica(&ns.name, name);
     let mut replicas = BTreeMap::from([("a", replica("a")), ("b", replica("b"))]);
     let leases = ns.api::<Lease>();
     for round in 0..3 {

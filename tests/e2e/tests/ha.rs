@@ -21,23 +21,7 @@ const LEASE_NAME: &str = "statefulset-drain-controller";
 /// A replica named `name`, electing through a Lease in the test namespace with short durations
 /// (4 s lease, 3 s renew deadline, 1 s retry period).
 fn replica(ns: &str, name: &str) -> ControllerProcess {
-    ControllerProcess::start_named(
-        ns,
-        name,
-        &[
-            "--leader-elect",
-            "--leader-elect-namespace",
-            ns,
-            "--leader-elect-identity",
-            name,
-            "--leader-elect-lease-duration",
-            "4s",
-            "--leader-elect-renew-deadline",
-            "3s",
-            "--leader-elect-retry-period",
-            "1s",
-        ],
-    )
+    ControllerProcess::start_replica(ns, name)
 }
 
 async fn holder(ns: &TestNamespace) -> Result<Option<String>> {
