@@ -1,0 +1,300 @@
+//! What the benchmarks share: this program's own watches of a namespace (pods, claims,
+//! ConfigMaps), from which both sides of every interval are timed the same way, the bare watch
+//! latency baseline, the drain cycles of a Parallel set, and the figures' formatting.
+//!
+//! - **pod gone → drain pod created**: a stateful pod's Deleted event → the Added event of the
+//!   drain pod of that name;
+//! - **drain succeeded → claims deleted**: the drain pod's first event in phase Succeeded → the
+//!   first event of its claim with a deletion timestamp;
+//! - **baseline, bare watch latency**: a ConfigMap create request sent → its Added event.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use e2e::ops::*;
+use e2e::{TestNamespace, wait_for};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+
+/// How long one drain cycle may take.
+pub const CYCLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The environment variable `name` as a number, or `default`.
+pub fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What the watches saw, by object name.
+#[derive(Default)]
+pub struct Seen {
+    stateful_gone: HashMap<String, Instant>,
+    drain_created: HashMap<String, Instant>,
+    drain_succeeded: HashMap<String, Instant>,
+    claim_deleting: HashMap<String, Instant>,
+    /// Stateful pod gone → drain pod created.
+    pub reactions: Vec<Duration>,
+    /// Drain pod Succeeded → claim deleted.
+    pub cleanups: Vec<Duration>,
+    /// Pod and claim events (added, modified, deleted) seen after the initial lists.
+    pub events: usize,
+    /// Initial lists and relists of the pod and claim watches.
+    pub lists: usize,
+}
+
+fn is_drain(p: &Pod) -> bool {
+    p.labels().contains_key(drain_api::labels::DRAIN_POD)
+}
+
+fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
+    match event {
+        watcher::Event::Apply(p) => {
+            seen.events += 1;
+            let name = p.name_any();
+            if is_drain(&p) {
+                if let Some(gone) = seen.stateful_gone.remove(&name)
+                    && !seen.drain_created.contains_key(&name)
+                {
+                    seen.drain_created.insert(name.clone(), at);
+                    seen.reactions.push(at - gone);
+                }
+                let succeeded =
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+                if succeeded && !seen.drain_succeeded.contains_key(&name) {
+                    seen.drain_succeeded.insert(name, at);
+                }
+            }
+        }
+        watcher::Event::Delete(p) => {
+            seen.events += 1;
+            let name = p.name_any();
+            if is_drain(&p) {
+                seen.drain_created.remove(&name);
+                seen.drain_succeeded.remove(&name);
+            } else {
+                seen.stateful_gone.insert(name, at);
+            }
+        }
+        watcher::Event::Init => seen.lists += 1,
+        _ => {}
+    }
+}
+
+fn record_claim(seen: &mut Seen, event: watcher::Event<PersistentVolumeClaim>, at: Instant) {
+    let c = match event {
+        watcher::Event::Apply(c) | watcher::Event::Delete(c) => c,
+        watcher::Event::Init => {
+            seen.lists += 1;
+            return;
+        }
+        _ => return,
+    };
+    seen.events += 1;
+    let name = c.name_any();
+    if c.metadata.deletion_timestamp.is_none() {
+        seen.claim_deleting.remove(&name);
+        return;
+    }
+    if seen.claim_deleting.contains_key(&name) {
+        return;
+    }
+    seen.claim_deleting.insert(name.clone(), at);
+    // data-web-<o> → web-<o>
+    let pod = name.trim_start_matches("data-");
+    if let Some(succeeded) = seen.drain_succeeded.get(pod) {
+        seen.cleanups.push(at - *succeeded);
+    }
+}
+
+/// This program's watches of one namespace: pods and claims into [`Seen`], ConfigMap Added
+/// events to the baseline probes.
+pub struct Watches {
+    /// What the pod and claim watches saw.
+    pub seen: Arc<Mutex<Seen>>,
+    probes: tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Watches {
+    /// Starts the three watches of `ns` and waits until each has listed the namespace.
+    pub async fn start(ns: &TestNamespace) -> Result<Self> {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (synced_tx, mut synced) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut tasks = Vec::new();
+
+        let pods = watcher(ns.api::<Pod>(), watcher::Config::default());
+        let (s, done) = (Arc::clone(&seen), synced_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut pods = std::pin::pin!(pods);
+            while let Some(Ok(e)) = pods.next().await {
+                let at = Instant::now();
+                if matches!(e, watcher::Event::InitDone) {
+                    let _ = done.send(());
+                }
+                record_pod(&mut s.lock().expect("lock"), e, at);
+            }
+        }));
+        let claims = watcher(
+            ns.api::<PersistentVolumeClaim>(),
+            watcher::Config::default(),
+        );
+        let (s, done) = (Arc::clone(&seen), synced_tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut claims = std::pin::pin!(claims);
+            while let Some(Ok(e)) = claims.next().await {
+                let at = Instant::now();
+                if matches!(e, watcher::Event::InitDone) {
+                    let _ = done.send(());
+                }
+                record_claim(&mut s.lock().expect("lock"), e, at);
+            }
+        }));
+        let maps = watcher(ns.api::<ConfigMap>(), watcher::Config::default());
+        let (tx, probes) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+        let done = synced_tx;
+        tasks.push(tokio::spawn(async move {
+            let mut maps = std::pin::pin!(maps);
+            while let Some(Ok(e)) = maps.next().await {
+                match e {
+                    watcher::Event::Apply(m) => {
+                        let _ = tx.send((m.name_any(), Instant::now()));
+                    }
+                    watcher::Event::InitDone => {
+                        let _ = done.send(());
+                    }
+                    _ => {}
+                }
+            }
+        }));
+        for _ in 0..3 {
+            tokio::time::timeout(Duration::from_secs(300), synced.recv())
+                .await
+                .context("the initial lists of the watches")?
+                .context("a watch ended")?;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(Self {
+            seen,
+            probes,
+            tasks,
+        })
+    }
+
+    /// The bare watch latency: `n` ConfigMaps created one after the other in `ns`, each timed
+    /// from its create request sent to its Added event.
+    pub async fn baseline(&mut self, ns: &TestNamespace, n: usize) -> Result<Vec<Duration>> {
+        let cms: Api<ConfigMap> = ns.api();
+        let mut baseline = Vec::new();
+        for i in 0..n {
+            let name = format!("probe-{i}");
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            let sent = Instant::now();
+            cms.create(&PostParams::default(), &cm).await?;
+            loop {
+                let (got, at) = tokio::time::timeout(Duration::from_secs(10), self.probes.recv())
+                    .await
+                    .context("watch event of a ConfigMap")?
+                    .context("watch ended")?;
+                if got == name {
+                    baseline.push(at - sent);
+                    break;
+                }
+            }
+        }
+        Ok(baseline)
+    }
+
+    /// Stops the watches.
+    pub fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Scales the running Parallel set `set` of `replicas` to 0 and waits until every claim
+/// (`claims`: those of the set) is drained and deleted, `cycles` times, scaling it back up in
+/// between; the wall time of the cycles.
+pub async fn drain_cycles(
+    ns: &TestNamespace,
+    set: &str,
+    replicas: i32,
+    cycles: usize,
+    claims: &ListParams,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let claims_api: Api<PersistentVolumeClaim> = ns.api();
+    for cycle in 0..cycles {
+        wait_running(ns, &pod_names(set, 0..replicas)).await?;
+        scale(ns, set, 0).await?;
+        wait_for(CYCLE_TIMEOUT, "every claim drained and deleted", || async {
+            Ok(claims_api.list(claims).await?.items.is_empty() && drain_pods(ns).await?.is_empty())
+        })
+        .await?;
+        eprintln!("cycle {}/{cycles} done", cycle + 1);
+        if cycle + 1 < cycles {
+            scale(ns, set, replicas).await?;
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// p50, p99, max in milliseconds, and the number of samples.
+pub fn summary(samples: &[Duration]) -> (f64, f64, f64, usize) {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    if ms.is_empty() {
+        return (0.0, 0.0, 0.0, 0);
+    }
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.99), *ms.last().unwrap_or(&0.0), ms.len())
+}
+
+/// One line of figures: `what`, the number of samples, p50, p99, max.
+pub fn line(what: &str, samples: &[Duration]) -> String {
+    let (p50, p99, max, n) = summary(samples);
+    format!("{what:<44} n={n:<4} p50 {p50:>7.1} ms  p99 {p99:>7.1} ms  max {max:>7.1} ms")
+}
+
+/// The time now, UTC, to the minute.
+pub fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%MZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The machine: its number of cores.
+pub fn host() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cpus} cores")
+}
+
+/// Writes `report` to `tests/bench/results/<file>` and says where.
+pub fn write_result(file: &str, report: &str) -> Result<()> {
+    let out = e2e::repo_root().join("tests/bench/results").join(file);
+    std::fs::create_dir_all(out.parent().expect("dir"))?;
+    std::fs::write(&out, format!("{report}\n"))?;
+    eprintln!("written to {}", out.display());
+    Ok(())
+}
