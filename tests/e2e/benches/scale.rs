@@ -324,8 +324,8 @@ impl Synced {
 }
 
 /// Starts a controller on `ns` and waits until its caches synced and its reconciles settled (none
-/// for 5 s).
-async fn start_synced(ns: &str) -> Result<Synced> {
+/// for 5 s, or `settle` passed).
+async fn start_synced(ns: &str, settle: Duration) -> Result<Synced> {
     let started = Instant::now();
     let controller = ControllerProcess::start_with_log(ns, &[], LOG_FILTER);
     let pid = controller_pid()?;
@@ -341,10 +341,10 @@ async fn start_synced(ns: &str) -> Result<Synced> {
     )
     .await?;
     let secs = started.elapsed().as_secs_f64();
-    let settle = Instant::now();
+    let settling = Instant::now();
     let mut last = controller_counts(&admin).await?;
     let mut quiet_since = Instant::now();
-    while quiet_since.elapsed() < Duration::from_secs(5) && settle.elapsed() < T {
+    while quiet_since.elapsed() < Duration::from_secs(5) && settling.elapsed() < settle {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = controller_counts(&admin).await?;
         if now != last {
@@ -422,9 +422,10 @@ async fn idle_window(c: &Synced, idle: Duration) -> Result<Idle> {
     })
 }
 
-/// The memory of a fresh controller synced on `ns` (stopped again).
+/// The memory of a fresh controller synced on `ns` (stopped again): 3 s after its sync, as the
+/// StatefulSet controller may still be making pods.
 async fn probe(ns: &str) -> Result<Memory> {
-    let c = start_synced(ns).await?;
+    let c = start_synced(ns, Duration::from_secs(3)).await?;
     Ok(c.mem)
 }
 
@@ -445,6 +446,22 @@ fn count_set_changes(ns: &TestNamespace) -> (Arc<AtomicUsize>, tokio::task::Join
         }
     });
     (count, task)
+}
+
+/// The controller binary's size and modification time: a rebuild during the run would mix two
+/// builds in the figures.
+fn binary_stamp() -> String {
+    let bin = e2e::release_dir().join("statefulset-drain-controller");
+    std::fs::metadata(&bin)
+        .and_then(|m| {
+            let at = m.modified()?.duration_since(std::time::UNIX_EPOCH);
+            Ok(format!(
+                "{} bytes, mtime {}",
+                m.len(),
+                at.map_or(0, |d| d.as_secs())
+            ))
+        })
+        .unwrap_or_default()
 }
 
 /// Pods and claims of the load that exist.
@@ -501,11 +518,12 @@ async fn main() -> Result<()> {
     let web_replicas = 10;
     let client = client().await;
     let run_started = Instant::now();
+    let stamp = binary_stamp();
 
     // 1. The same binary on an empty namespace.
     eprintln!("== empty baseline");
     let empty_ns = TestNamespace::new(&client, "bench-scale-empty").await?;
-    let mut empty = start_synced(&empty_ns.name).await?;
+    let mut empty = start_synced(&empty_ns.name, T).await?;
     let empty_idle = idle_window(&empty, idle).await?;
     empty.controller.kill();
     delete_and_wait(&client, empty_ns).await?;
@@ -597,7 +615,7 @@ async fn main() -> Result<()> {
     eprintln!("== controller on the load");
     let events_before = watches.seen.lock().expect("lock").events;
     let lists_before = watches.seen.lock().expect("lock").lists;
-    let mut loaded = start_synced(&ns.name).await?;
+    let mut loaded = start_synced(&ns.name, T).await?;
     let sets_before = set_changes.load(Ordering::Relaxed);
     let loaded_idle = idle_window(&loaded, idle).await?;
     let sets_during = set_changes.load(Ordering::Relaxed) - sets_before;
@@ -654,6 +672,7 @@ async fn main() -> Result<()> {
         mem_sets.rss - mem_claims.rss - per_pod * pods_then as f64 / 1024.0,
         sets,
     );
+    let rebuilt = binary_stamp() != stamp;
     let report = [
         format!(
             "controller at scale: {sets} StatefulSets x {replicas} ({opted} opted in), {pods} Pending pods, {claims} Pending claims in one namespace, {} on {}",
@@ -703,6 +722,12 @@ async fn main() -> Result<()> {
             wall.as_secs_f64()
         ),
     ]
+    .into_iter()
+    .chain(rebuilt.then(|| {
+        "WARNING: the controller binary was rebuilt during the run: the figures mix two builds"
+            .to_owned()
+    }))
+    .collect::<Vec<_>>()
     .join("\n");
     println!("{report}");
     write_result("scale.txt", &report)?;

@@ -15,6 +15,13 @@ use kube::{Client, ResourceExt};
 
 use crate::{TestNamespace, repo_root};
 
+/// Prints a line of the suite's report (seed, faults, verdict) on stderr, past the test
+/// harness's output capture, so a passing run shows it too.
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// A small seeded random source (SplitMix64): the same seed gives the same faults.
 pub struct Rng(u64);
 
@@ -31,7 +38,9 @@ impl Rng {
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
             });
-        println!("[{scenario}] seed {seed} (replay: STSD_FAULT_SEED={seed})");
+        say(format_args!(
+            "[{scenario}] seed {seed} (replay: STSD_FAULT_SEED={seed})"
+        ));
         Self(seed)
     }
 
@@ -99,10 +108,10 @@ impl FaultLog {
 
     /// Prints the summary and every fault.
     pub fn print(&self) {
-        println!(
+        say(format_args!(
             "[{}] faults injected: {:?}\n{}",
             self.scenario, self.counts, self.lines
-        );
+        ));
     }
 }
 
@@ -143,11 +152,11 @@ impl Checked {
                 let since = *settled_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_secs(1) {
                     let took = since - start;
-                    println!(
+                    say(format_args!(
                         "[{}] I3 holds: settled {:.1}s after the faults stopped",
                         self.scenario,
                         took.as_secs_f64()
-                    );
+                    ));
                     return Ok(took);
                 }
             } else {
@@ -167,7 +176,10 @@ impl Checked {
     pub fn verdict(self) -> Result<Verdict> {
         let lists = self.recorder.lists();
         let verdict = checker::check(&self.recorder.stop());
-        println!("[{}] checker: {verdict} (lists: {lists:?})", self.scenario);
+        say(format_args!(
+            "[{}] checker: {verdict} (lists: {lists:?})",
+            self.scenario
+        ));
         ensure!(verdict.ok(), "[{}] {verdict}", self.scenario);
         Ok(verdict)
     }

@@ -57,10 +57,10 @@ async fn the_api_server_and_the_kubelet_restarted_mid_drain() -> Result<()> {
         .recorder()
         .wait_listed(2, Duration::from_secs(10))
         .await;
-    println!(
+    say(format_args!(
         "[{SCENARIO}] checker lists after the restart: {:?}",
         checked.recorder().lists()
-    );
+    ));
     exec_with_retry(&ns, &pod_name("web", 3), "touch /data/go").await?;
     faults.add("drain released", pod_name("web", 3));
     wait_claim_gone(&ns, &claim_name("data", "web", 3), T).await?;

@@ -182,11 +182,11 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     writer.await??;
     let acked = acked.lock().expect("acked").clone();
     let unanswered = unanswered.lock().expect("unanswered").clone();
-    println!(
+    say(format_args!(
         "[{SCENARIO}] {} records acknowledged, {} writes unanswered",
         acked.len(),
         unanswered.len()
-    );
+    ));
     wait_running(&ns, &pod_names(DATASTORE, 0..2)).await?;
     // The returning pods' rebalance sidecars move what a cancelled drain left behind: I4 must
     // hold once they have had their turn (every 30 s).
@@ -214,10 +214,10 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
         problems.is_empty(),
         "[{SCENARIO}] I4 violated: {problems:#?}"
     );
-    println!(
+    say(format_args!(
         "[{SCENARIO}] I4 holds: {} records, each on exactly one pod",
         acked.len()
-    );
+    ));
     drop(controller);
     let verdict = checked.verdict()?;
     ensure!(verdict.claims_deleted >= 1, "no drain completed: {verdict}");
