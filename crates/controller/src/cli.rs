@@ -44,6 +44,10 @@ pub struct Args {
     /// Reconcile every opted-in StatefulSet at least this often, watch events or not.
     #[arg(long, env = "DRAIN_CONTROLLER_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
     pub resync: Duration,
+    /// Until OpenKruise Advanced StatefulSets (`apps.kruise.io/v1beta1`) are served, ask the
+    /// API server's discovery this often, and serve them as soon as the API appears.
+    #[arg(long, env = "DRAIN_CONTROLLER_ADVANCED_DISCOVERY_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub advanced_discovery_interval: Duration,
     /// Watch, plan and report (log, Events with a DryRun prefix, the status annotation marked
     /// dryRun) but create and delete nothing: to see what the controller would do.
     #[arg(long, env = "DRAIN_CONTROLLER_DRY_RUN")]

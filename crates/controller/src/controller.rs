@@ -4,16 +4,15 @@
 //! implementation.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use drain_api::names::{self, OrdinalRange};
+use drain_api::names;
 use drain_api::{annotations, claim_annotations, labels};
-use futures::{StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -22,12 +21,14 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use tokio::sync::mpsc;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::act::{
     self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
 };
 use crate::leader::Leadership;
+use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::metrics::Metrics;
 use crate::status::StatusReport;
 use crate::status_memo::StatusMemo;
@@ -51,6 +52,8 @@ pub struct ControllerConfig {
     pub leadership: Leadership,
     /// Plan and report only (`--dry-run`).
     pub dry_run: bool,
+    /// Until Advanced StatefulSets are served, ask the API server this often.
+    pub advanced_discovery: Duration,
 }
 
 /// What the controller reports to the admin server: its metrics, and whether its caches synced.
@@ -118,12 +121,12 @@ pub struct Context {
     claim_index: Index,
     recorder: Recorder,
     config: ControllerConfig,
-    failures: Mutex<HashMap<ObjectRef<StatefulSet>, u32>>,
+    failures: Mutex<HashMap<SetId, u32>>,
     /// The status last written per set, for reads from a cache that has not caught up yet.
     written: StatusMemo,
     /// Under `--dry-run`: a fingerprint of the Events last published per set, so an unchanged
     /// plan is not reported again.
-    dry_run_reported: Mutex<HashMap<ObjectRef<StatefulSet>, u64>>,
+    dry_run_reported: Mutex<HashMap<SetId, u64>>,
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
@@ -166,8 +169,14 @@ async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>)
 
 /// Whether a set asks for drains.
 pub fn opted_in(set: &StatefulSet) -> bool {
-    set.annotations()
-        .contains_key(annotations::DRAINER_POD_TEMPLATE)
+    set_kind::opted_in(&set.metadata)
+}
+
+/// A set's identity for per-set bookkeeping: its kind, namespace and name.
+type SetId = (SetKind, String, String);
+
+fn set_id(kind: SetKind, set: &StatefulSet) -> SetId {
+    (kind, set.namespace().unwrap_or_default(), set.name_any())
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -181,46 +190,9 @@ where
     }
 }
 
-/// Keeps only what reconciling needs of a set: everything of an opted-in set but its managed
-/// fields and last-applied copy; of the others, what finishing a drain in flight needs (identity,
-/// replicas, ordinals, claim template names, the status annotation).
-fn slim_set(set: &mut StatefulSet) {
-    set.metadata.managed_fields = None;
-    set.status = None;
-    if opted_in(set) {
-        if let Some(a) = set.metadata.annotations.as_mut() {
-            a.remove("kubectl.kubernetes.io/last-applied-configuration");
-        }
-    } else {
-        if let Some(a) = set.metadata.annotations.as_mut() {
-            a.retain(|k, _| k == annotations::STATUS);
-        }
-        set.metadata.labels = None;
-        if let Some(spec) = set.spec.as_mut() {
-            let templates = spec.volume_claim_templates.take().map(|ts| {
-                ts.into_iter()
-                    .map(|t| k8s_openapi::api::core::v1::PersistentVolumeClaim {
-                        metadata: ObjectMeta {
-                            name: t.metadata.name,
-                            ..ObjectMeta::default()
-                        },
-                        ..Default::default()
-                    })
-                    .collect()
-            });
-            *spec = k8s_openapi::api::apps::v1::StatefulSetSpec {
-                replicas: spec.replicas,
-                ordinals: spec.ordinals.take(),
-                volume_claim_templates: templates,
-                ..Default::default()
-            };
-        }
-    }
-}
-
 /// What of a set can change a decision: not its status, nor the status annotation we write.
-fn set_fingerprint(set: &StatefulSet) -> u64 {
-    let m = &set.metadata;
+fn set_fingerprint<K: Resource>(set: &K) -> u64 {
+    let m = set.meta();
     let annotations: Vec<(&String, &String)> = m
         .annotations
         .iter()
@@ -316,14 +288,199 @@ fn slim_drain_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
 }
 
-fn opted_in_ref(sets: &Store<StatefulSet>, name: &str, ns: &str) -> Option<ObjectRef<StatefulSet>> {
+fn opted_in_ref<K: ServedSet>(sets: &Store<K>, name: &str, ns: &str) -> Option<ObjectRef<K>> {
     let r = ObjectRef::new(name).within(ns);
-    sets.get(&r).filter(|s| opted_in(s)).map(|_| r)
+    sets.get(&r)
+        .filter(|s| set_kind::opted_in(s.meta()))
+        .map(|_| r)
 }
 
-fn any_set_ref(sets: &Store<StatefulSet>, name: &str, ns: &str) -> Option<ObjectRef<StatefulSet>> {
+fn any_set_ref<K: ServedSet>(sets: &Store<K>, name: &str, ns: &str) -> Option<ObjectRef<K>> {
     let r = ObjectRef::new(name).within(ns);
     sets.get(&r).map(|_| r)
+}
+
+/// The sets of either kind that changes of pods and claims are routed to: each kind's cache of
+/// sets (the Advanced StatefulSet one once that kind is served) and its controller's trigger.
+#[derive(Clone)]
+struct Routes {
+    sets: Store<StatefulSet>,
+    to_sets: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
+    advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+    to_advanced: mpsc::UnboundedSender<ObjectRef<AdvancedStatefulSet>>,
+}
+
+impl Routes {
+    /// Triggers the opted-in set that controls a stateful pod (by its controller reference).
+    fn stateful_pod(&self, pod: &PartialObjectMeta<Pod>) {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let owners = pod.metadata.owner_references.iter().flatten();
+        for o in owners.filter(|o| o.kind == "StatefulSet" && o.controller == Some(true)) {
+            match SetKind::of_api_version(&o.api_version) {
+                Some(SetKind::StatefulSet) => {
+                    if let Some(r) = opted_in_ref(&self.sets, &o.name, &ns) {
+                        let _ = self.to_sets.send(r);
+                    }
+                }
+                Some(SetKind::Advanced) => {
+                    if let Some(r) = self.advanced.get().and_then(|s| opted_in_ref(s, &o.name, &ns)) {
+                        let _ = self.to_advanced.send(r);
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Triggers the set a drain pod is labelled with, of either kind, opted in or not: a drain
+    /// in flight is completed either way.
+    fn drain_pod(&self, pod: &Pod) {
+        let ns = pod.namespace().unwrap_or_default();
+        let Some(set) = pod.labels().get(labels::DRAIN_POD) else {
+            return;
+        };
+        if let Some(r) = any_set_ref(&self.sets, set, &ns) {
+            let _ = self.to_sets.send(r);
+        }
+        if let Some(r) = self.advanced.get().and_then(|s| any_set_ref(s, set, &ns)) {
+            let _ = self.to_advanced.send(r);
+        }
+    }
+
+    /// Triggers every opted-in set, of either kind, that a claim's name makes it a claim of.
+    fn claim(&self, claim: &PartialObjectMeta<PersistentVolumeClaim>) {
+        let ns = claim.metadata.namespace.clone().unwrap_or_default();
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        for set in observe::claim_set_candidates(&name) {
+            if let Some(r) = claim_ref(&self.sets, &name, set, &ns) {
+                let _ = self.to_sets.send(r);
+            }
+            if let Some(r) = self.advanced.get().and_then(|s| claim_ref(s, &name, set, &ns)) {
+                let _ = self.to_advanced.send(r);
+            }
+        }
+    }
+}
+
+fn claim_ref<K: ServedSet>(
+    sets: &Store<K>,
+    claim: &str,
+    set: &str,
+    ns: &str,
+) -> Option<ObjectRef<K>> {
+    let r = opted_in_ref(sets, set, ns)?;
+    let found = sets.get(&r)?;
+    observe::parse_claim_name(claim, set, &found.claim_templates()).map(|_| r)
+}
+
+/// Drives a secondary watch, routing each change it passes on with `route`.
+async fn drive<K>(
+    changes: impl Stream<Item = Result<K, watcher::Error>>,
+    routes: Routes,
+    route: fn(&Routes, &K),
+) {
+    changes
+        .for_each(|change| {
+            match change {
+                Ok(obj) => route(&routes, &obj),
+                Err(e) => debug!(error = %e, "watch error; retrying with backoff"),
+            }
+            future::ready(())
+        })
+        .await;
+}
+
+/// The watch of one kind of set: its cache, and the sets that opted in or have drains in flight.
+fn set_watch<K: ServedSet>(
+    client: &Client,
+    ns: Option<&str>,
+    in_flight: Index,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+) {
+    let (sets, writer) = reflector::store();
+    let stream = watch::changes(
+        watcher(api::<K>(client, ns), watcher::Config::default())
+            .default_backoff()
+            .modify(K::slim)
+            .reflect(writer),
+        Filter {
+            fingerprint: set_fingerprint::<K>,
+            sets: |_| Vec::new(),
+            index: None,
+        },
+    )
+    .try_filter(move |s| {
+        let draining = !in_flight
+            .names(&s.namespace().unwrap_or_default(), &s.name_any())
+            .is_empty();
+        future::ready(set_kind::opted_in(s.meta()) || draining)
+    });
+    (sets, stream)
+}
+
+/// Runs the controller of one kind of set until `shutdown` resolves.
+async fn serve<K: ServedSet>(
+    ctx: Arc<Context>,
+    sets: Store<K>,
+    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    triggers: mpsc::UnboundedReceiver<ObjectRef<K>>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let gained = ctx.config.leadership.gained();
+    Controller::for_stream(stream, sets)
+        .reconcile_all_on(gained)
+        .reconcile_on(tokio_stream_from(triggers))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((set, _)) => debug!(set = %set, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Whether the API server serves Advanced StatefulSets (OpenKruise's CRD is installed).
+async fn advanced_served(client: &Client) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(ADVANCED_API_VERSION).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "statefulsets")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits until Advanced StatefulSets are served, asking the API server's discovery every
+/// `every`; says once (at info) that they are not served yet.
+async fn wait_for_advanced(client: &Client, every: Duration) {
+    let mut said = false;
+    loop {
+        match advanced_served(client).await {
+            Ok(true) => {
+                info!(api_version = ADVANCED_API_VERSION, "serving OpenKruise Advanced StatefulSets");
+                return;
+            }
+            Ok(false) if !said => {
+                info!(
+                    api_version = ADVANCED_API_VERSION,
+                    every = %humantime::format_duration(every),
+                    "OpenKruise Advanced StatefulSets are not served: the API is not installed; built-in StatefulSets are, and the API server is asked again periodically"
+                );
+                said = true;
+            }
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "failed to ask the API server whether Advanced StatefulSets are served; asking again"),
+        }
+        tokio::time::sleep(every).await;
+    }
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -333,7 +490,8 @@ pub async fn run(
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    let ns = config.namespace.as_deref();
+    let namespace = config.namespace.clone();
+    let ns = namespace.as_deref();
     let wc = watcher::Config::default();
 
     let drain_pod_index = Index::default();
@@ -354,27 +512,6 @@ pub async fn run(
             index: Some(drain_pod_index.clone()),
         },
     );
-
-    // Sets that opted in, and sets that opted out with drains still in flight, trigger.
-    let (sets, sets_writer) = reflector::store();
-    let in_flight = drain_pod_index.clone();
-    let set_stream = watch::changes(
-        watcher(api::<StatefulSet>(&client, ns), wc.clone())
-            .default_backoff()
-            .modify(slim_set)
-            .reflect(sets_writer),
-        Filter {
-            fingerprint: set_fingerprint,
-            sets: |_| Vec::new(),
-            index: None,
-        },
-    )
-    .try_filter(move |s| {
-        let draining = !in_flight
-            .names(&s.namespace().unwrap_or_default(), &s.name_any())
-            .is_empty();
-        future::ready(opted_in(s) || draining)
-    });
 
     let (stateful_pods, sp_writer) = reflector::store();
     let gone = Arc::clone(&telemetry.metrics);
@@ -444,60 +581,65 @@ pub async fn run(
         ready,
     });
 
-    let (s1, s2, s3) = (sets.clone(), sets.clone(), sets.clone());
-    let gained = ctx.config.leadership.gained();
-    Controller::for_stream(set_stream, sets)
-        .reconcile_all_on(gained)
-        .watches_stream(sp_stream, move |pod: PartialObjectMeta<Pod>| {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            pod.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .filter(|o| o.kind == "StatefulSet" && o.controller == Some(true))
-                .filter_map(|o| opted_in_ref(&s1, &o.name, &ns))
-                .collect::<Vec<_>>()
-        })
-        .watches_stream(dp_stream, move |pod: Pod| {
-            // Whether the set opted in or not: a drain in flight is completed either way.
-            let ns = pod.namespace().unwrap_or_default();
-            pod.labels()
-                .get(labels::DRAIN_POD)
-                .and_then(|set| any_set_ref(&s2, set, &ns))
-        })
-        .watches_stream(
-            claim_stream,
-            move |claim: PartialObjectMeta<PersistentVolumeClaim>| {
-                let ns = claim.metadata.namespace.clone().unwrap_or_default();
-                let name = claim.metadata.name.clone().unwrap_or_default();
-                observe::claim_set_candidates(&name)
-                    .into_iter()
-                    .filter_map(|set| {
-                        let r = opted_in_ref(&s3, set, &ns)?;
-                        let found = s3.get(&r)?;
-                        let templates = observe::claim_templates(&found);
-                        observe::parse_claim_name(&name, set, &templates).map(|_| r)
-                    })
-                    .collect::<Vec<_>>()
-            },
-        )
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((set, _)) => debug!(set = %set, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile failed"),
+    // Each kind of set has its own controller; the pod and claim watches are shared, and a
+    // change is routed to the sets of either kind it concerns.
+    let (sets, set_stream) = set_watch::<StatefulSet>(&ctx.client, ns, ctx.drain_pod_index.clone());
+    let (to_sets, set_triggers) = mpsc::unbounded_channel();
+    let (to_advanced, advanced_triggers) = mpsc::unbounded_channel();
+    let routes = Routes {
+        sets: sets.clone(),
+        to_sets,
+        advanced: Arc::default(),
+        to_advanced,
+    };
+    let secondary = tokio::spawn({
+        let routes = routes.clone();
+        async move {
+            futures::join!(
+                drive(sp_stream, routes.clone(), Routes::stateful_pod),
+                drive(dp_stream, routes.clone(), Routes::drain_pod),
+                drive(claim_stream, routes, Routes::claim),
+            );
+        }
+    });
+    let shutdown = shutdown.shared();
+    let builtin = serve(Arc::clone(&ctx), sets, set_stream, set_triggers, shutdown.clone());
+    let advanced = {
+        let ctx = Arc::clone(&ctx);
+        let stop = shutdown.clone();
+        let every = ctx.config.advanced_discovery;
+        async move {
+            let found = async {
+                wait_for_advanced(&ctx.client, every).await;
+                true
+            };
+            let found = tokio::select! {
+                f = found => f,
+                () = stop.clone() => false,
+            };
+            if !found {
+                return;
             }
-        })
-        .await;
+            let ns = ctx.config.namespace.clone();
+            let (sets, stream) = set_watch::<AdvancedStatefulSet>(
+                &ctx.client,
+                ns.as_deref(),
+                ctx.drain_pod_index.clone(),
+            );
+            let _ = routes.advanced.set(sets.clone());
+            serve(Arc::clone(&ctx), sets, stream, advanced_triggers, stop).await;
+        }
+    };
+    futures::join!(builtin, advanced);
+    secondary.abort();
     gate.abort();
     info!("controller stopped");
     Ok(())
 }
 
-fn set_reference(set: &StatefulSet) -> ObjectReference {
+fn set_reference(kind: SetKind, set: &StatefulSet) -> ObjectReference {
     ObjectReference {
-        api_version: Some("apps/v1".to_owned()),
+        api_version: Some(kind.api_version().to_owned()),
         kind: Some("StatefulSet".to_owned()),
         name: set.metadata.name.clone(),
         namespace: set.metadata.namespace.clone(),
@@ -506,9 +648,9 @@ fn set_reference(set: &StatefulSet) -> ObjectReference {
     }
 }
 
-/// The real cluster seam: one namespace, events on one StatefulSet.
-struct KubeCluster<'a> {
-    sets: Api<StatefulSet>,
+/// The real cluster seam: one namespace, events on one set of kind `K`.
+struct KubeCluster<'a, K> {
+    sets: Api<K>,
     pods: Api<Pod>,
     claims: Api<PersistentVolumeClaim>,
     recorder: &'a Recorder,
@@ -559,7 +701,7 @@ fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
     }
 }
 
-impl Cluster for KubeCluster<'_> {
+impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     fn may_act(&self) -> bool {
         self.leadership.is_leading()
     }
@@ -637,12 +779,11 @@ impl Cluster for KubeCluster<'_> {
         let Some(set) = result? else {
             return Ok(false);
         };
-        if set.metadata.uid != self.set.uid || set.metadata.deletion_timestamp.is_some() {
+        if set.meta().uid != self.set.uid || set.meta().deletion_timestamp.is_some() {
             return Ok(false);
         }
-        let spec = set.spec.unwrap_or_default();
-        let range = OrdinalRange::new(spec.ordinals.and_then(|o| o.start), spec.replicas);
-        Ok(!range.contains(ordinal))
+        // Membership that cannot be read is never taken for a scale-down.
+        Ok(set.ordinals().is_ok_and(|range| !range.contains(ordinal)))
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -702,15 +843,18 @@ fn publish(
 
 /// Writes the status annotation on the set when it changed (removes it when there is nothing
 /// to report).
-async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Result<(), Error> {
+async fn report<K: ServedSet>(
+    ctx: &Context,
+    set: &StatefulSet,
+    report: &StatusReport,
+) -> Result<(), Error> {
     let name = set.name_any();
     let current = set.annotations().get(annotations::STATUS);
     let wanted = (report != &StatusReport::default()).then(|| report.render());
     if current == wanted.as_ref() || !ctx.config.leadership.is_leading() {
         return Ok(());
     }
-    let api: Api<StatefulSet> =
-        Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
     let patch = json!({"metadata": {"annotations": {annotations::STATUS: wanted}}});
     let pp = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -720,7 +864,7 @@ async fn report(ctx: &Context, set: &StatefulSet, report: &StatusReport) -> Resu
     ctx.metrics.request("patch", "statefulsets", &result);
     match result {
         Ok(patched) => {
-            ctx.written.remember(&patched);
+            ctx.written.remember(&patched.to_statefulset());
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -786,10 +930,12 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
 /// 4. act: [`act::apply`], idempotent, with Events; one ordinal's failure does not stop others;
 /// 5. report: the status annotation (with the failed actions); requeue at the plan's next
 ///    deadline or the resync period, or back off when an action failed.
-async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let kind = K::KIND;
+    let set = Arc::new(obj.to_statefulset());
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
-    let span = info_span!("reconcile", statefulset = %name, namespace = %ns);
+    let span = info_span!("reconcile", statefulset = %name, namespace = %ns, kind = kind.label());
     async move {
         if set.metadata.deletion_timestamp.is_some() {
             // Being deleted: drain pods go with the set (garbage collector), claims stay.
@@ -808,11 +954,25 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             None => set,
         };
         ctx.wait_ready().await?;
-        let set_ref = set_reference(&set);
+        let set_ref = set_reference(kind, &set);
         let opted_in = opted_in(&set);
+        let range = match obj.ordinals() {
+            Ok(range) => range,
+            Err(e) => {
+                // Which ordinals the set runs is unknown: nothing is planned, nothing deleted.
+                warn!(error = %e, "unreadable reserveOrdinals; nothing is drained until the set changes");
+                publish(&ctx.recorder, &set_ref, Severity::Warning, "InvalidReserveOrdinals", format!("{e}; nothing is drained or deleted until this is fixed"));
+                return Ok(Requeue::await_change());
+            }
+        };
 
         // validate
-        let validated = if opted_in { Some(validate::validate(&set)) } else { None };
+        let validated = opted_in.then(|| {
+            validate::validate(&set).map(|mut v| {
+                v.template.set_owner_api_version(kind.api_version());
+                v
+            })
+        });
         let problems = match &validated {
             Some(Err(problems)) => problems.clone(),
             _ => Vec::new(),
@@ -828,10 +988,11 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             Some(Err(_)) => Err("the drain settings are invalid (see problem)"),
             None => Err("the set opted out of draining"),
         };
-        let settings = validate::settings(&set, valid, &ctx.config.flags);
+        let settings = validate::settings(&set, valid, &ctx.config.flags, obj.default_max_concurrent());
 
         // observe
-        let snap = observe_set(&ctx, &set, !opted_in);
+        let mut snap = observe_set(&ctx, &set, !opted_in);
+        snap.reserved = range.reserved;
 
         // plan
         let now = Timestamp::now();
@@ -843,7 +1004,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
 
         // act
         let cluster = KubeCluster {
-            sets: Api::namespaced(ctx.client.clone(), &ns),
+            sets: Api::<K>::namespaced(ctx.client.clone(), &ns),
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
             recorder: &ctx.recorder,
@@ -858,7 +1019,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
             now,
         };
         if ctx.config.dry_run {
-            return dry_run(&ctx, &set, &set_ref, &act_ctx, &plan, problem).await;
+            return dry_run::<K>(&ctx, &set, &set_ref, &act_ctx, &plan, problem).await;
         }
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
@@ -875,11 +1036,11 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
         ctx.metrics.record_reconcile(&ns, &name, &plan, &snap, &failed_ordinals);
 
         // report
-        report(&ctx, &set, &StatusReport::of(&plan.status, problem, &errors)).await?;
+        report::<K>(&ctx, &set, &StatusReport::of(&plan.status, problem, &errors)).await?;
         if let Some((_, first)) = failed.into_iter().next() {
             return Err(Error::Act { count: errors.len(), first });
         }
-        ctx.failures.lock().expect("failures lock").remove(&ObjectRef::from_obj(set.as_ref()));
+        ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
         ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
         Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)))
     }
@@ -889,7 +1050,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Requeue, 
 
 /// Under `--dry-run`, instead of acting: logs and reports (once per change of the plan) what
 /// each action would do, and writes the status marked `dryRun`.
-async fn dry_run(
+async fn dry_run<K: ServedSet>(
     ctx: &Context,
     set: &StatefulSet,
     set_ref: &ObjectReference,
@@ -908,7 +1069,7 @@ async fn dry_run(
             .map(|e| (e.reason, e.note.as_str()))
             .collect::<Vec<_>>(),
     );
-    let key = ObjectRef::from_obj(set);
+    let key = set_id(K::KIND, set);
     let changed = ctx
         .dry_run_reported
         .lock()
@@ -924,7 +1085,7 @@ async fn dry_run(
     let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());
     // Marked only where there is something to report.
     status.dry_run = status != StatusReport::default();
-    report(ctx, set, &status).await?;
+    report::<K>(ctx, set, &status).await?;
     Ok(Requeue::requeue(
         plan.requeue_after
             .unwrap_or(ctx.config.resync)
@@ -933,10 +1094,10 @@ async fn dry_run(
 }
 
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).
-fn error_policy(set: Arc<StatefulSet>, err: &Error, ctx: Arc<Context>) -> Requeue {
+fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
     let mut failures = ctx.failures.lock().expect("failures lock");
     let n = failures
-        .entry(ObjectRef::from_obj(set.as_ref()))
+        .entry((K::KIND, set.namespace().unwrap_or_default(), set.name_any()))
         .or_insert(0);
     *n = n.saturating_add(1);
     ctx.metrics

@@ -18,6 +18,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod set_kind;
 pub mod status;
 pub mod status_memo;
 pub mod template;
@@ -70,6 +71,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         resync: args.resync,
         leadership,
         dry_run: args.dry_run,
+        advanced_discovery: args.advanced_discovery_interval,
     };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

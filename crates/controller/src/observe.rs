@@ -343,6 +343,7 @@ pub fn snapshot<'a>(
             .and_then(|s| s.ordinals.as_ref())
             .and_then(|o| o.start)
             .unwrap_or(0),
+        reserved: Default::default(),
         claims,
         pods,
         previous,

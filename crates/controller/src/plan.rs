@@ -199,6 +199,8 @@ pub struct Snapshot {
     pub replicas: i32,
     /// `spec.ordinals.start`.
     pub ordinals_start: i32,
+    /// Ordinals the set skips (an Advanced StatefulSet's `spec.reserveOrdinals`).
+    pub reserved: BTreeSet<i32>,
     /// The set's claims (all ordinals).
     pub claims: Vec<Claim>,
     /// Pods holding one of the set's pod names.
@@ -705,7 +707,8 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         busy: 0,
         candidates: Vec::new(),
     };
-    let range = drain_api::names::OrdinalRange::new(Some(snap.ordinals_start), Some(snap.replicas));
+    let range = drain_api::names::OrdinalRange::new(Some(snap.ordinals_start), Some(snap.replicas))
+        .with_reserved(snap.reserved.clone());
 
     let ordinals: BTreeSet<i32> = snap
         .claims

@@ -266,6 +266,7 @@ pub struct DrainTemplate {
     annotations: BTreeMap<String, String>,
     spec: PodSpec,
     template_hash: String,
+    owner_api_version: String,
 }
 
 /// A stable hash of the drain template's annotation text (FNV-1a, 64 bits, hex): what tells a
@@ -416,6 +417,7 @@ pub fn validate(
         annotations: template_annotations,
         spec,
         template_hash: hash,
+        owner_api_version: "apps/v1".to_owned(),
     })
 }
 
@@ -576,6 +578,12 @@ impl DrainTemplate {
         drain_pod_labels(&self.labels, &self.set_name, ordinal)
     }
 
+    /// Makes drain pods for a set of another kind than `apps/v1` StatefulSet: the `apiVersion`
+    /// of their owner reference and of [`env::STATEFULSET_API_VERSION`].
+    pub fn set_owner_api_version(&mut self, api_version: &str) {
+        api_version.clone_into(&mut self.owner_api_version);
+    }
+
     /// Builds the drain pod of `input.ordinal`.
     ///
     /// It has the stateful pod's name, hostname and subdomain; one volume per claim template
@@ -655,7 +663,7 @@ impl DrainTemplate {
                 labels: Some(self.pod_labels(ordinal)),
                 annotations: Some(annotations),
                 owner_references: Some(vec![OwnerReference {
-                    api_version: "apps/v1".to_owned(),
+                    api_version: self.owner_api_version.clone(),
                     kind: "StatefulSet".to_owned(),
                     name: self.set_name.clone(),
                     uid: self.set_uid.clone(),
@@ -677,6 +685,7 @@ impl DrainTemplate {
             (env::REPLICAS, input.replicas.to_string()),
             (env::ORDINALS_START, self.ordinals_start.to_string()),
             (env::POD_NAME, pod_name.to_owned()),
+            (env::STATEFULSET_API_VERSION, self.owner_api_version.clone()),
         ]
         .into_iter()
         .map(|(name, value)| EnvVar {
@@ -1113,6 +1122,7 @@ mod tests {
                 env(env::REPLICAS, replicas),
                 env(env::ORDINALS_START, "1"),
                 env(env::POD_NAME, "web-2"),
+                env(env::STATEFULSET_API_VERSION, "apps/v1"),
             ])
         };
         let mut drainer_env = drain_env("mine");
@@ -1191,6 +1201,24 @@ mod tests {
         assert_eq!(owners.len(), 1);
         assert_eq!(owners[0].controller, None);
         assert_eq!(owners[0].block_owner_deletion, None);
+    }
+
+    #[test]
+    fn a_drain_pod_of_an_advanced_statefulset_names_its_kind() {
+        let set = valid().build();
+        let mut template = validate(&set, &DrainConfig::default()).unwrap();
+        let hash = template.template_hash().to_owned();
+        template.set_owner_api_version("apps.kruise.io/v1beta1");
+        let pod = template.pod(&DrainPodInput::default());
+        let owners = pod.metadata.owner_references.unwrap();
+        assert_eq!(owners[0].api_version, "apps.kruise.io/v1beta1");
+        assert_eq!(owners[0].kind, "StatefulSet");
+        assert_eq!(owners[0].controller, None);
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        assert!(env.iter().any(|v| v.name == env::STATEFULSET_API_VERSION
+            && v.value.as_deref() == Some("apps.kruise.io/v1beta1")));
+        // The kind is not part of the template: the hash that tells a changed template stays.
+        assert_eq!(template.template_hash(), hash);
     }
 
     /// The pod-level fields a drain pod may inherit, as the set's pod template sets them.
@@ -1304,6 +1332,7 @@ mod tests {
                 env::REPLICAS,
                 env::ORDINALS_START,
                 env::POD_NAME,
+                env::STATEFULSET_API_VERSION,
             ];
             assert!(names.iter().all(|name| vars.contains_key(name)), "{vars:?}");
             assert_eq!(container.env.as_ref().unwrap().len(), names.len());

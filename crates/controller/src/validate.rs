@@ -77,10 +77,15 @@ pub fn validate(set: &StatefulSet) -> Result<ValidatedSet, Vec<Problem>> {
 /// The planner's settings for a set: from its validated drain settings, or, when there are
 /// none (opted out, or invalid: `stopped` says why), settings that only complete and clean up
 /// the drains in flight.
+///
+/// `default_max_concurrent` is the kind's default drain concurrency (an Advanced StatefulSet's
+/// `scaleStrategy.maxUnavailable`): the annotation wins over it, and it over the pod management
+/// policy's default.
 pub fn settings(
     set: &StatefulSet,
     validated: Result<&ValidatedSet, &str>,
     flags: &Flags,
+    default_max_concurrent: Option<u32>,
 ) -> Settings {
     let (config, new_drains) = match validated {
         Ok(v) => (
@@ -108,7 +113,10 @@ pub fn settings(
     Settings {
         new_drains,
         manual_approval,
-        max_concurrent: config.concurrency_limit(set),
+        max_concurrent: config
+            .max_concurrent
+            .or(default_max_concurrent)
+            .or_else(|| config.concurrency_limit(set)),
         on_scale_up: config.on_scale_up,
         max_attempts: config.max_attempts,
         deadline: config.deadline,
@@ -145,7 +153,7 @@ mod tests {
             .annotation(annotations::ON_SCALE_UP, "finish")
             .build();
         let v = validate(&set).unwrap();
-        let s = settings(&set, Ok(&v), &Flags::default());
+        let s = settings(&set, Ok(&v), &Flags::default(), None);
         assert_eq!(
             s.new_drains,
             NewDrains::Allowed {
@@ -170,14 +178,14 @@ mod tests {
             let set = valid().annotation(annotations::APPROVAL, value).build();
             let validated = validate(&set);
             let s = match &validated {
-                Ok(v) => settings(&set, Ok(v), &Flags::default()),
-                Err(_) => settings(&set, Err("invalid"), &Flags::default()),
+                Ok(v) => settings(&set, Ok(v), &Flags::default(), None),
+                Err(_) => settings(&set, Err("invalid"), &Flags::default(), None),
             };
             assert_eq!(s.manual_approval, manual, "{value:?}");
         }
         let set = valid().build();
         let v = validate(&set).unwrap();
-        assert!(!settings(&set, Ok(&v), &Flags::default()).manual_approval);
+        assert!(!settings(&set, Ok(&v), &Flags::default(), None).manual_approval);
     }
 
     #[test]
@@ -198,7 +206,7 @@ mod tests {
     #[test]
     fn without_a_valid_template_no_new_drain_starts() {
         let set = valid().build();
-        let s = settings(&set, Err("the set opted out"), &Flags::default());
+        let s = settings(&set, Err("the set opted out"), &Flags::default(), None);
         assert_eq!(
             s.new_drains,
             NewDrains::Stopped {

@@ -119,6 +119,9 @@ pub mod env {
     pub const ORDINALS_START: &str = "DRAIN_ORDINALS_START";
     /// The drain pod's own name (same as the removed stateful pod's).
     pub const POD_NAME: &str = "DRAIN_POD_NAME";
+    /// The set's `apiVersion`: `apps/v1`, or `apps.kruise.io/v1beta1` for an OpenKruise
+    /// Advanced StatefulSet.
+    pub const STATEFULSET_API_VERSION: &str = "DRAIN_STATEFULSET_API_VERSION";
 }
 
 /// Exit codes of the `drainer` and of hooks run by it.
@@ -139,6 +142,8 @@ pub mod exit_codes {
 /// decimal ([`parse_ordinal`]), and a set holds the ordinals `[start, start + replicas)`
 /// ([`OrdinalRange`]).
 pub mod names {
+    use std::collections::BTreeSet;
+
     /// The name of the pod with `ordinal` of the StatefulSet `set`: `<set>-<ordinal>`.
     pub fn pod_name(set: &str, ordinal: i32) -> String {
         format!("{set}-{ordinal}")
@@ -196,14 +201,20 @@ pub mod names {
             .collect()
     }
 
-    /// The ordinals a StatefulSet holds: `[start, start + replicas)`, from `spec.ordinals.start`
-    /// and `spec.replicas`.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    /// The ordinals a set runs pods for: counting up from `start` (`spec.ordinals.start`), the
+    /// first `replicas` (`spec.replicas`) that are not `reserved`.
+    ///
+    /// For a built-in StatefulSet nothing is reserved, so this is `[start, start + replicas)`.
+    /// An OpenKruise Advanced StatefulSet skips its `spec.reserveOrdinals`: with `replicas: 2`
+    /// and ordinal 1 reserved it runs 0 and 2 ([`reserved_ordinals`] reads the field).
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct OrdinalRange {
         /// The first ordinal (`spec.ordinals.start`).
         pub start: i32,
         /// How many ordinals (`spec.replicas`), never negative.
         pub replicas: i32,
+        /// Ordinals skipped (an Advanced StatefulSet's `spec.reserveOrdinals`).
+        pub reserved: BTreeSet<i32>,
     }
 
     impl OrdinalRange {
@@ -213,23 +224,93 @@ pub mod names {
             Self {
                 start: start.unwrap_or(0),
                 replicas: replicas.unwrap_or(1).max(0),
+                reserved: BTreeSet::new(),
             }
         }
 
-        /// One past the last ordinal (`start + replicas`, saturating at `i32::MAX`).
+        /// The same range skipping `reserved` ordinals.
+        #[must_use]
+        pub fn with_reserved(mut self, reserved: BTreeSet<i32>) -> Self {
+            self.reserved = reserved;
+            self
+        }
+
+        /// One past the last ordinal held (`start + replicas`, plus one for each reserved ordinal
+        /// skipped on the way; saturating at `i32::MAX`).
         pub fn end(&self) -> i32 {
-            self.start.saturating_add(self.replicas)
+            let mut end = self.start.saturating_add(self.replicas);
+            for &r in self.reserved.range(self.start..) {
+                if r < end {
+                    end = end.saturating_add(1);
+                } else {
+                    break;
+                }
+            }
+            end
         }
 
         /// Whether the set holds `ordinal`.
         pub fn contains(&self, ordinal: i32) -> bool {
-            self.start <= ordinal && ordinal < self.end()
+            self.start <= ordinal && ordinal < self.end() && !self.reserved.contains(&ordinal)
         }
 
-        /// The ordinals, lowest first.
+        /// The ordinals held, lowest first.
         pub fn iter(&self) -> impl Iterator<Item = i32> + use<> {
-            self.start..self.end()
+            let reserved = self.reserved.clone();
+            (self.start..self.end()).filter(move |o| !reserved.contains(o))
         }
+    }
+
+    /// An entry of an Advanced StatefulSet's `spec.reserveOrdinals` that cannot be read.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct BadReservedOrdinal(pub String);
+
+    impl std::fmt::Display for BadReservedOrdinal {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "reserveOrdinals entry {} is neither an ordinal nor a range \"a-b\"",
+                self.0
+            )
+        }
+    }
+
+    impl std::error::Error for BadReservedOrdinal {}
+
+    /// The ordinals an OpenKruise Advanced StatefulSet's `spec.reserveOrdinals` names. Each entry
+    /// is an integer or, since Kruise v1.8, a string: an integer (`"3"`) or an inclusive range
+    /// (`"3-5"`), as Kruise's `ParseRange` reads them. A range wider than 100,000 ordinals is
+    /// refused rather than expanded.
+    pub fn reserved_ordinals(
+        entries: &[serde_json::Value],
+    ) -> Result<BTreeSet<i32>, BadReservedOrdinal> {
+        let mut out = BTreeSet::new();
+        for e in entries {
+            let bad = || BadReservedOrdinal(e.to_string());
+            match e {
+                serde_json::Value::Number(n) => {
+                    out.insert(n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(bad)?);
+                }
+                serde_json::Value::String(s) => {
+                    let s = s.trim();
+                    let num = |t: &str| t.trim().parse::<i32>().ok();
+                    match s.split_once('-') {
+                        Some((a, b)) if !a.trim().is_empty() => {
+                            let (a, b) = (num(a).ok_or_else(bad)?, num(b).ok_or_else(bad)?);
+                            if a > b || i64::from(b) - i64::from(a) > 100_000 {
+                                return Err(bad());
+                            }
+                            out.extend(a..=b);
+                        }
+                        _ => {
+                            out.insert(num(s).ok_or_else(bad)?);
+                        }
+                    }
+                }
+                _ => return Err(bad()),
+            }
+        }
+        Ok(out)
     }
 
     #[cfg(test)]
@@ -322,10 +403,10 @@ pub mod names {
         }
 
         #[rstest]
-        #[case(None, None, OrdinalRange { start: 0, replicas: 1 }, &[0])]
-        #[case(Some(3), Some(2), OrdinalRange { start: 3, replicas: 2 }, &[3, 4])]
-        #[case(None, Some(0), OrdinalRange { start: 0, replicas: 0 }, &[])]
-        #[case(Some(5), Some(-4), OrdinalRange { start: 5, replicas: 0 }, &[])]
+        #[case(None, None, OrdinalRange { start: 0, replicas: 1, reserved: BTreeSet::new() }, &[0])]
+        #[case(Some(3), Some(2), OrdinalRange { start: 3, replicas: 2, reserved: BTreeSet::new() }, &[3, 4])]
+        #[case(None, Some(0), OrdinalRange { start: 0, replicas: 0, reserved: BTreeSet::new() }, &[])]
+        #[case(Some(5), Some(-4), OrdinalRange { start: 5, replicas: 0, reserved: BTreeSet::new() }, &[])]
         fn ordinal_ranges(
             #[case] start: Option<i32>,
             #[case] replicas: Option<i32>,
@@ -348,6 +429,53 @@ pub mod names {
             assert!(range.contains(i32::MAX - 1));
             assert!(!range.contains(i32::MAX - 2));
             assert_eq!(range.iter().collect::<Vec<_>>(), [i32::MAX - 1]);
+        }
+
+        #[rstest]
+        // Kruise's documented example: replicas 4, ordinal 1 reserved → pods 0, 2, 3, 4.
+        #[case(0, 4, &[1], &[0, 2, 3, 4])]
+        // Reserving ordinal 1 of 0..2 with replicas 2: 0 and 2 keep running.
+        #[case(0, 2, &[1], &[0, 2])]
+        #[case(0, 3, &[0, 1], &[2, 3, 4])]
+        // Reserved ordinals past the end or below the start change nothing.
+        #[case(0, 3, &[7], &[0, 1, 2])]
+        #[case(5, 2, &[1, 6], &[5, 7])]
+        #[case(0, 0, &[0], &[])]
+        fn reserved_ordinals_are_skipped(
+            #[case] start: i32,
+            #[case] replicas: i32,
+            #[case] reserved: &[i32],
+            #[case] held: &[i32],
+        ) {
+            let range = OrdinalRange::new(Some(start), Some(replicas))
+                .with_reserved(reserved.iter().copied().collect());
+            assert_eq!(range.iter().collect::<Vec<_>>(), held);
+            for o in -1..12 {
+                assert_eq!(range.contains(o), held.contains(&o), "ordinal {o}");
+            }
+        }
+
+        #[rstest]
+        #[case(serde_json::json!([1, 3]), Ok(vec![1, 3]))]
+        #[case(serde_json::json!(["2", "4-6", 0]), Ok(vec![0, 2, 4, 5, 6]))]
+        #[case(serde_json::json!([" 7 - 8 "]), Ok(vec![7, 8]))]
+        #[case(serde_json::json!([]), Ok(vec![]))]
+        #[case(serde_json::json!(["6-4"]), Err(()))]
+        #[case(serde_json::json!(["x"]), Err(()))]
+        #[case(serde_json::json!(["-3"]), Ok(vec![-3]))]
+        #[case(serde_json::json!([1.5]), Err(()))]
+        #[case(serde_json::json!([4294967296_i64]), Err(()))]
+        #[case(serde_json::json!(["0-2000000000"]), Err(()))]
+        #[case(serde_json::json!([null]), Err(()))]
+        fn reserve_ordinals_entries(
+            #[case] value: serde_json::Value,
+            #[case] want: Result<Vec<i32>, ()>,
+        ) {
+            let entries = value.as_array().unwrap();
+            let got = reserved_ordinals(entries)
+                .map(|s| s.into_iter().collect::<Vec<_>>())
+                .map_err(|_| ());
+            assert_eq!(got, want);
         }
 
         proptest! {

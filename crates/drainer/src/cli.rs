@@ -66,6 +66,11 @@ pub struct DrainContext {
     /// This drain pod's name.
     #[arg(long, env = env::POD_NAME, global = true)]
     pub pod_name: Option<String>,
+
+    /// The set's `apiVersion`: `apps/v1` (the default) or `apps.kruise.io/v1beta1` for an
+    /// OpenKruise Advanced StatefulSet, whose `reserveOrdinals` are then not peers.
+    #[arg(long, env = env::STATEFULSET_API_VERSION, global = true)]
+    pub statefulset_api_version: Option<String>,
 }
 
 impl DrainContext {
@@ -86,6 +91,10 @@ impl DrainContext {
             self.ordinals_start.map(|v| v.to_string()),
         );
         add(env::POD_NAME, self.pod_name.clone());
+        add(
+            env::STATEFULSET_API_VERSION,
+            self.statefulset_api_version.clone(),
+        );
         vars
     }
 }
@@ -405,10 +414,15 @@ mod tests {
             replicas: Some(2),
             ordinals_start: None,
             pod_name: Some("ds-2".to_owned()),
+            statefulset_api_version: Some("apps.kruise.io/v1beta1".to_owned()),
         };
         let vars = context.env_vars();
         assert!(vars.contains(&(env::ORDINAL.to_owned(), "2".to_owned())));
         assert!(vars.contains(&(env::POD_NAME.to_owned(), "ds-2".to_owned())));
+        assert!(vars.contains(&(
+            env::STATEFULSET_API_VERSION.to_owned(),
+            "apps.kruise.io/v1beta1".to_owned()
+        )));
         assert!(!vars.iter().any(|(k, _)| k == env::ORDINALS_START));
     }
 }

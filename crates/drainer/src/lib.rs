@@ -53,6 +53,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The drain pod's set cannot be understood to check the data directory.
+    #[error("failed to read the statefulset to check that the data directory is the drained claim")]
+    SetForMountCheck(#[source] peers::PeersError),
     /// Built-in redistribution failed.
     #[error("redistribution failed")]
     Redistribute(#[from] redistribute::RedistributeError),
@@ -69,7 +72,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ClaimMount(_) => "ClaimMount",
-            Self::ReadForMountCheck { .. } => "ReadForMountCheck",
+            Self::ReadForMountCheck { .. } | Self::SetForMountCheck(_) => "ReadForMountCheck",
             Self::MissingContext { .. } | Self::MissingPeerContext { .. } => "MissingContext",
             Self::Redistribute(e) => e.reason(),
             Self::Hook(e) => e.reason(),
@@ -173,12 +176,20 @@ async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Resu
         Err(e) if denied(&e) => return skip(&e),
         other => other.map_err(read(format!("pod {ns}/{pod}")))?,
     };
-    let set_obj = match kube::Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client, ns)
-        .get(set)
-        .await
-    {
-        Err(e) if denied(&e) => return skip(&e),
-        other => other.map_err(read(format!("statefulset {ns}/{set}")))?,
+    let api_version = drain
+        .statefulset_api_version
+        .as_deref()
+        .filter(|v| !v.is_empty())
+        .unwrap_or(peers::STATEFULSET_API_VERSION);
+    let set_obj = match peers::get_set(&client, ns, set, api_version).await {
+        Err(peers::PeersError::GetStatefulSet { source, .. }) if denied(&source) => {
+            return skip(&source);
+        }
+        Err(peers::PeersError::GetStatefulSet { source, .. }) => {
+            return Err(read(format!("statefulset {ns}/{set}"))(source));
+        }
+        Err(e) => return Err(Error::SetForMountCheck(e)),
+        Ok((set_obj, _)) => set_obj,
     };
     let mount = claim_mount::check(&pod_obj, &set_obj, dir)?;
     tracing::info!(data_dir = %dir.display(), claim = %mount.claim, volume = %mount.volume, sub_path = ?mount.sub_path, "data directory is the drained claim");
@@ -329,6 +340,11 @@ fn target(drain: &DrainContext, peers: &PeerArgs) -> Result<Target, Error> {
         drained_ordinal: drain
             .ordinal
             .ok_or_else(|| missing("ordinal", env::ORDINAL))?,
+        api_version: drain
+            .statefulset_api_version
+            .clone()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| peers::STATEFULSET_API_VERSION.to_owned()),
         addressing: match &peers.peer_dns_suffix {
             Some(suffix) if !suffix.is_empty() => Addressing::Dns {
                 suffix: suffix.clone(),

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 
-use drain_api::names::{OrdinalRange, parse_pod_name};
+use drain_api::names::{OrdinalRange, parse_pod_name, reserved_ordinals};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use tokio::sync::OnceCell;
 use url::Url;
 
@@ -109,6 +109,15 @@ pub enum PeersError {
         #[source]
         source: kube::Error,
     },
+    /// The set read cannot be understood (its spec, or an Advanced StatefulSet's
+    /// `reserveOrdinals`).
+    #[error("statefulset {statefulset} cannot be read: {reason}")]
+    UnreadableSet {
+        /// The set, as `namespace/name`.
+        statefulset: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Listing the set's pods failed.
     #[error("failed to list pods of statefulset {statefulset} with selector {selector:?}")]
     ListPods {
@@ -156,6 +165,7 @@ impl PeersError {
                 kube_error_is_transient(source)
             }
             Self::Client(_)
+            | Self::UnreadableSet { .. }
             | Self::InvalidSelector { .. }
             | Self::InvalidAddress { .. }
             | Self::Unavailable { .. } => false,
@@ -168,6 +178,7 @@ impl PeersError {
             Self::Client(_) => "KubeClient",
             Self::GetStatefulSet { .. } => "GetStatefulSet",
             Self::ListPods { .. } => "ListPods",
+            Self::UnreadableSet { .. } => "UnreadableSet",
             Self::InvalidSelector { .. } => "InvalidSelector",
             Self::InvalidAddress { .. } => "InvalidAddress",
             Self::Unavailable { .. } => "Unavailable",
@@ -239,6 +250,8 @@ pub struct Target {
     pub statefulset: String,
     /// The drained ordinal, never a peer.
     pub drained_ordinal: i32,
+    /// The set's `apiVersion` (`apps/v1`, or OpenKruise's `apps.kruise.io/v1beta1`).
+    pub api_version: String,
     /// How peers are addressed.
     pub addressing: Addressing,
 }
@@ -293,14 +306,7 @@ impl PeerSource for KubePeers {
             statefulset: name,
             ..
         } = &self.target;
-        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
-        let set = sets
-            .get(name)
-            .await
-            .map_err(|source| PeersError::GetStatefulSet {
-                statefulset: format!("{namespace}/{name}"),
-                source,
-            })?;
+        let (set, range) = get_set(&client, namespace, name, &self.target.api_version).await?;
         let selector = selector_string(name, set_selector(&set))?;
         let pods: Api<Pod> = Api::namespaced(client, namespace);
         let pods = pods
@@ -311,8 +317,62 @@ impl PeerSource for KubePeers {
                 selector: selector.clone(),
                 source,
             })?;
-        select(&set, &pods.items, &self.target)
+        select(&range, &pods.items, &self.target)
     }
+}
+
+/// The `apiVersion` of a built-in StatefulSet.
+pub const STATEFULSET_API_VERSION: &str = "apps/v1";
+
+/// Reads the set `name` live, of the kind `api_version` names (a built-in StatefulSet, or an
+/// OpenKruise Advanced StatefulSet): as a built-in StatefulSet (the spec fields both kinds
+/// share, with the same names) and the ordinals it runs (skipping an Advanced StatefulSet's
+/// `spec.reserveOrdinals`).
+pub async fn get_set(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    api_version: &str,
+) -> Result<(StatefulSet, OrdinalRange), PeersError> {
+    let statefulset = format!("{namespace}/{name}");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, "StatefulSet");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "statefulsets");
+    let obj = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+        .get(name)
+        .await
+        .map_err(|source| PeersError::GetStatefulSet {
+            statefulset: statefulset.clone(),
+            source,
+        })?;
+    live_set(obj).map_err(|reason| PeersError::UnreadableSet {
+        statefulset,
+        reason,
+    })
+}
+
+/// A set read as a [`DynamicObject`] → the built-in view and its ordinals.
+pub fn live_set(obj: DynamicObject) -> Result<(StatefulSet, OrdinalRange), String> {
+    let spec = obj.data.get("spec").cloned();
+    let reserved = match spec.as_ref().and_then(|s| s.get("reserveOrdinals")) {
+        None | Some(serde_json::Value::Null) => Default::default(),
+        Some(serde_json::Value::Array(entries)) => {
+            reserved_ordinals(entries).map_err(|e| e.to_string())?
+        }
+        Some(other) => return Err(format!("reserveOrdinals is not a list: {other}")),
+    };
+    let set: StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": obj.metadata,
+        "spec": spec,
+    }))
+    .map_err(|e| e.to_string())?;
+    let spec = set.spec.as_ref();
+    let range = OrdinalRange::new(
+        spec.and_then(|s| s.ordinals.as_ref()).and_then(|o| o.start),
+        spec.and_then(|s| s.replicas),
+    )
+    .with_reserved(reserved);
+    Ok((set, range))
 }
 
 fn set_selector(set: &StatefulSet) -> Option<&LabelSelector> {
@@ -348,13 +408,13 @@ pub fn selector_string(name: &str, selector: Option<&LabelSelector>) -> Result<S
     Ok(parts.join(","))
 }
 
-/// The peer set of `target` given the live StatefulSet and the pods matching its selector.
-pub fn select(set: &StatefulSet, pods: &[Pod], target: &Target) -> Result<PeerSet, PeersError> {
-    let spec = set.spec.as_ref();
-    let range = OrdinalRange::new(
-        spec.and_then(|s| s.ordinals.as_ref()).and_then(|o| o.start),
-        spec.and_then(|s| s.replicas),
-    );
+/// The peer set of `target` given the live set, the ordinals it runs and the pods matching its
+/// selector.
+pub fn select(
+    range: &OrdinalRange,
+    pods: &[Pod],
+    target: &Target,
+) -> Result<PeerSet, PeersError> {
     let members: Vec<i32> = range
         .iter()
         .filter(|&o| o != target.drained_ordinal)
@@ -417,23 +477,11 @@ fn is_ready(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::{StatefulSetOrdinals, StatefulSetSpec};
     use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, Time};
 
-    fn set(replicas: Option<i32>, start: Option<i32>) -> StatefulSet {
-        StatefulSet {
-            spec: Some(StatefulSetSpec {
-                replicas,
-                ordinals: start.map(|s| StatefulSetOrdinals { start: Some(s) }),
-                selector: LabelSelector {
-                    match_labels: Some([("app".to_owned(), "web".to_owned())].into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+    fn range(replicas: Option<i32>, start: Option<i32>) -> OrdinalRange {
+        OrdinalRange::new(start, replicas)
     }
 
     /// A fixture pod, Ready with an IP unless changed.
@@ -477,8 +525,56 @@ mod tests {
             namespace: "ns".to_owned(),
             statefulset: "web".to_owned(),
             drained_ordinal: drained,
+            api_version: STATEFULSET_API_VERSION.to_owned(),
             addressing: Addressing::PodIp { port: 8080 },
         }
+    }
+
+    #[test]
+    fn reserved_ordinals_of_an_advanced_statefulset_are_not_members() {
+        // Ordinal 1 reserved out of 0..2 (replicas 2): 0 and 2 run; 1 is drained.
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1beta1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {
+                "replicas": 2,
+                "reserveOrdinals": [1],
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}},
+                "scaleStrategy": {"maxUnavailable": 1},
+            },
+        }))
+        .unwrap();
+        let (set, range) = live_set(obj).unwrap();
+        assert_eq!(
+            selector_string("web", set_selector(&set)).unwrap(),
+            "app=web"
+        );
+        let pods = [
+            PodBuilder::new("web-0", "10.0.0.1").build(),
+            PodBuilder::new("web-1", "10.0.0.2").build(),
+            PodBuilder::new("web-2", "10.0.0.3").build(),
+        ];
+        let peers = select(&range, &pods, &target(1)).unwrap();
+        assert_eq!(peers.members, [0, 2]);
+        assert_eq!(ready_ordinals(&peers), [0, 2]);
+        assert!(!peers.drained_in_range);
+        // Another drained pod's view: ordinal 1 is never a peer while reserved.
+        let peers = select(&range, &pods, &target(3)).unwrap();
+        assert_eq!(peers.members, [0, 2]);
+    }
+
+    #[test]
+    fn an_unreadable_reserve_ordinals_is_an_error() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "StatefulSet",
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 2, "reserveOrdinals": ["x"],
+                     "selector": {}, "template": {}},
+        }))
+        .unwrap();
+        assert!(live_set(obj).is_err());
     }
 
     fn ready_ordinals(peers: &PeerSet) -> Vec<i32> {
@@ -499,7 +595,7 @@ mod tests {
             PodBuilder::new("webby-0", "10.0.0.8").build(),
             PodBuilder::new("web-x", "10.0.0.9").build(),
         ];
-        let peers = select(&set(Some(6), None), &pods, &target(5)).unwrap();
+        let peers = select(&range(Some(6), None), &pods, &target(5)).unwrap();
         assert_eq!(peers.members, [0, 1, 2, 3, 4]);
         assert_eq!(ready_ordinals(&peers), [0, 4]);
         assert_eq!(peers.not_ready(), [1, 2, 3]);
@@ -517,7 +613,7 @@ mod tests {
             PodBuilder::new("web-1", "10.0.0.2").build(),
             PodBuilder::new("web-2", "10.0.0.3").build(),
         ];
-        let peers = select(&set(Some(2), None), &pods, &target(1)).unwrap();
+        let peers = select(&range(Some(2), None), &pods, &target(1)).unwrap();
         assert_eq!(peers.members, [0]);
         assert_eq!(ready_ordinals(&peers), [0]);
     }
@@ -529,7 +625,7 @@ mod tests {
             PodBuilder::new("web-3", "10.0.0.3").build(),
             PodBuilder::new("web-4", "10.0.0.4").build(),
         ];
-        let peers = select(&set(Some(2), Some(3)), &pods, &target(5)).unwrap();
+        let peers = select(&range(Some(2), Some(3)), &pods, &target(5)).unwrap();
         assert_eq!(peers.members, [3, 4]);
         assert_eq!(ready_ordinals(&peers), [3, 4]);
     }
@@ -537,7 +633,7 @@ mod tests {
     #[test]
     fn scaled_to_zero_has_no_members() {
         let pods = [PodBuilder::new("web-0", "10.0.0.1").build()];
-        let peers = select(&set(Some(0), None), &pods, &target(0)).unwrap();
+        let peers = select(&range(Some(0), None), &pods, &target(0)).unwrap();
         assert!(peers.members.is_empty());
         assert!(peers.ready.is_empty());
         assert_eq!(peers.owner("k"), None);
@@ -550,13 +646,13 @@ mod tests {
             PodBuilder::new("web-1", "10.0.0.2").no_ip().build(),
         ];
         let mut t = target(2);
-        let peers = select(&set(Some(2), None), &pods, &t).unwrap();
+        let peers = select(&range(Some(2), None), &pods, &t).unwrap();
         assert_eq!(peers.ready[&0].base_url(), "http://[fd00::1]:8080");
         t.addressing = Addressing::Dns {
             suffix: "web.ns.svc".to_owned(),
             port: 9000,
         };
-        let peers = select(&set(Some(2), None), &pods, &t).unwrap();
+        let peers = select(&range(Some(2), None), &pods, &t).unwrap();
         assert_eq!(peers.ready[&0].base_url(), "http://web-0.web.ns.svc:9000");
         assert_eq!(peers.ready[&1].base_url(), "http://web-1.web.ns.svc:9000");
     }

@@ -2,6 +2,7 @@
 //! fingerprints.
 
 use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// A failure as the API server sends it.
 fn api_error(code: u16, message: &str, cause_field: Option<&str>) -> kube::Error {
@@ -112,7 +113,7 @@ fn set() -> StatefulSet {
 fn set_fingerprint_ignores_status_and_follows_spec_deletion_and_annotations() {
     check(
         set,
-        set_fingerprint,
+        set_fingerprint::<StatefulSet>,
         &[
             (
                 "status: readiness",

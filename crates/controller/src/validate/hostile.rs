@@ -169,7 +169,7 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
                 )]),
             });
             prop_assert_eq!(pod.metadata.name.as_deref(), Some("web-1"));
-            settings(set, Ok(v), &Flags::default())
+            settings(set, Ok(v), &Flags::default(), None)
         }
         Err(problems) => {
             prop_assert!(!problems.is_empty());
@@ -177,13 +177,14 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
                 prop_assert!(REASONS.contains(&p.reason), "unknown reason {}", p.reason);
                 prop_assert!(!p.message.trim().is_empty());
             }
-            settings(set, Err("invalid"), &Flags::default())
+            settings(set, Err("invalid"), &Flags::default(), None)
         }
     };
     let snap = Snapshot {
         set_name: "web".to_owned(),
         replicas: 1,
         ordinals_start: 0,
+        reserved: Default::default(),
         claims: vec![orphaned_claim(1)],
         pods: Vec::new(),
         previous: BTreeMap::new(),
