@@ -16,6 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 pub mod faults;
+pub mod kruise;
 pub mod objects;
 pub mod ops;
 pub mod suite;
@@ -171,6 +172,11 @@ impl TestNamespace {
             name,
             client: client.clone(),
         })
+    }
+
+    /// The client the namespace was made with.
+    pub fn client(&self) -> &Client {
+        &self.client
     }
 
     /// A namespaced API in this namespace.
