@@ -1,4 +1,4 @@
-# Shared settings of the test-cluster harness; sourced by up, down, images and lib/*.
+# Shared settings of the test-cluster harness; sourced by up, down, kruise, images and lib/*.
 # Everything the harness creates lives under $STSD_CLUSTER_DIR (state, logs, PKI) or
 # $STSD_CACHE (built binaries and images, kept between runs and keyed by version).
 
@@ -9,11 +9,13 @@ STSD_CACHE=${STSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/statefulset-drain}
 K8S_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$STSD_ROOT/tests/cluster/go/kubernetes/go.mod")
 ETCD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/etcd/go.mod")
 CONTAINERD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/containerd/go.mod")
+KRUISE_VERSION=$(awk '$1=="github.com/openkruise/kruise" {print $2; exit}' "$STSD_ROOT/tests/cluster/go/kruise/go.mod")
 PAUSE_HASH=$(cat "$STSD_ROOT/tests/cluster/go/pause/"* | sha256sum | cut -c1-12)
 
 BIN_K8S=$STSD_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$STSD_CACHE/bin/etcd-$ETCD_VERSION
 BIN_CONTAINERD=$STSD_CACHE/bin/containerd-$CONTAINERD_VERSION
+BIN_KRUISE=$STSD_CACHE/bin/kruise-$KRUISE_VERSION
 BIN_PAUSE=$STSD_CACHE/bin/pause-$PAUSE_HASH
 
 # Debian packages the node needs (runc, CNI plugins, iptables for the one service rule, busybox
@@ -32,6 +34,11 @@ IPT_CHAIN=STSD-APISERVER
 CGROUP_NAME=stsd-cluster
 PAUSE_IMAGE=statefulset-drain.local/pause:$PAUSE_HASH
 HOSTPATH_PV_DIR=/tmp/hostpath_pv
+# kruise-manager (./kruise): metrics and health on 127.0.0.1, admission webhooks (which kruise
+# binds on all addresses) reached by the apiserver at https://127.0.0.1:$KRUISE_WEBHOOK_PORT.
+KRUISE_METRICS_PORT=10281
+KRUISE_HEALTH_PORT=10282
+KRUISE_WEBHOOK_PORT=10283
 # Paths outside $STATE that the kubelet, containerd or the CNI plugins create; ./down removes
 # those that did not exist before ./up.
 OUTSIDE_PATHS=(/var/log/pods /var/log/containers /run/containerd /var/lib/cni /run/netns)
@@ -48,3 +55,39 @@ die() { echo "cluster: error: $*" >&2; exit 1; }
 
 kubectl_admin() { "$BIN_K8S/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" --request-timeout=10s "$@"; }
 ctr_node() { "$BIN_CONTAINERD/ctr" --address "$SOCK" -n k8s.io "$@"; }
+
+# --- processes the harness starts (used by up and kruise) ----------------------------------------
+# alive NAME : whether the process started as NAME is running.
+alive() { [ -f "$PIDS/$1" ] && kill -0 "$(cat "$PIDS/$1")" 2>/dev/null; }
+
+# start NAME CMD... : runs CMD in the harness cgroup ($CG, set by the caller), detached, logging
+# to $LOGS/NAME.log.
+start() {
+  local name=$1; shift
+  say "starting $name (log: $LOGS/$name.log)"
+  # Its command line and PATH, for ./restart.
+  printf '%s\0' "$@" > "$PIDS/$name.cmd"
+  printf '%s' "$PATH" > "$PIDS/$name.path"
+  (
+    exec 9>&-
+    echo "$BASHPID" > "$CG/cgroup.procs"
+    exec setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1
+  ) &
+  echo $! > "$PIDS/$name"
+}
+
+# wait_for NAME SECONDS CMD... : waits until CMD succeeds, or fails naming NAME and its log.
+wait_for() {
+  local name=$1 secs=$2; shift 2
+  local i
+  for ((i = 0; i < secs * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    if [ -f "$PIDS/$name" ] && ! alive "$name"; then
+      tail -n 20 "$LOGS/$name.log" >&2 || true
+      die "$name exited; its log: $LOGS/$name.log"
+    fi
+    sleep 0.2
+  done
+  tail -n 20 "$LOGS/$name.log" >&2 || true
+  die "$name not ready after ${secs}s; its log: $LOGS/$name.log"
+}
