@@ -28,8 +28,8 @@ use crate::act::{
     self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
 };
 use crate::leader::Leadership;
-use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::metrics::Metrics;
+use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
 use crate::status_memo::StatusMemo;
 use crate::validate::{self, Flags};
@@ -190,14 +190,14 @@ where
     }
 }
 
-/// What of a set can change a decision: not its status, nor the status annotation we write.
+/// What of a set can change a decision: not its status, nor the annotations we write.
 fn set_fingerprint<K: Resource>(set: &K) -> u64 {
     let m = set.meta();
     let annotations: Vec<(&String, &String)> = m
         .annotations
         .iter()
         .flatten()
-        .filter(|(k, _)| k.as_str() != annotations::STATUS)
+        .filter(|(k, _)| k.as_str() != annotations::STATUS && k.as_str() != annotations::RELEASED)
         .collect();
     watch::fingerprint((
         &m.uid,
@@ -323,7 +323,11 @@ impl Routes {
                     }
                 }
                 Some(SetKind::Advanced) => {
-                    if let Some(r) = self.advanced.get().and_then(|s| opted_in_ref(s, &o.name, &ns)) {
+                    if let Some(r) = self
+                        .advanced
+                        .get()
+                        .and_then(|s| opted_in_ref(s, &o.name, &ns))
+                    {
                         let _ = self.to_advanced.send(r);
                     }
                 }
@@ -355,7 +359,11 @@ impl Routes {
             if let Some(r) = claim_ref(&self.sets, &name, set, &ns) {
                 let _ = self.to_sets.send(r);
             }
-            if let Some(r) = self.advanced.get().and_then(|s| claim_ref(s, &name, set, &ns)) {
+            if let Some(r) = self
+                .advanced
+                .get()
+                .and_then(|s| claim_ref(s, &name, set, &ns))
+            {
                 let _ = self.to_advanced.send(r);
             }
         }
@@ -449,6 +457,80 @@ fn tokio_stream_from<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// A drain pod of an Advanced StatefulSet that is gone (its watch saw it deleted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Released {
+    namespace: String,
+    set: String,
+    set_uid: String,
+    pod: String,
+    ordinal: i32,
+}
+
+impl Released {
+    fn of(pod: &Pod) -> Option<Self> {
+        let set = pod.labels().get(labels::DRAIN_POD)?;
+        let owner = pod.metadata.owner_references.iter().flatten().find(|o| {
+            o.kind == "StatefulSet"
+                && o.name == *set
+                && SetKind::of_api_version(&o.api_version) == Some(SetKind::Advanced)
+        })?;
+        let name = pod.metadata.name.clone()?;
+        Some(Self {
+            namespace: pod.namespace()?,
+            ordinal: names::parse_pod_name(&name, set)?,
+            set: set.clone(),
+            set_uid: owner.uid.clone(),
+            pod: name,
+        })
+    }
+}
+
+/// When a drain pod of an Advanced StatefulSet is gone and the set wants its ordinal again (a
+/// cancelled drain, an un-reserved ordinal), touches the set ([`annotations::RELEASED`]) so
+/// Kruise creates its pod at once: Kruise reacts to changes of the pods it controls only, and
+/// retries a create that found our pod in the way with a backoff of up to 1,000 s.
+async fn tell_kruise(
+    ctx: Arc<Context>,
+    advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+    mut released: mpsc::UnboundedReceiver<Released>,
+) {
+    while let Some(r) = released.recv().await {
+        if !ctx.config.leadership.is_leading() || ctx.config.dry_run {
+            continue;
+        }
+        let Some(set) = advanced
+            .get()
+            .and_then(|s| s.get(&ObjectRef::new(&r.set).within(&r.namespace)))
+        else {
+            continue;
+        };
+        let wanted = set.ordinals().is_ok_and(|range| range.contains(r.ordinal));
+        if set.metadata.uid.as_deref() != Some(r.set_uid.as_str()) || !wanted {
+            continue;
+        }
+        let api: Api<AdvancedStatefulSet> = Api::namespaced(ctx.client.clone(), &r.namespace);
+        let value = format!("{} {}", r.pod, Timestamp::now());
+        let patch =
+            json!({"metadata": {"uid": r.set_uid, "annotations": {annotations::RELEASED: value}}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let result = api.patch(&r.set, &pp, &Patch::Merge(patch)).await;
+        ctx.metrics.request("patch", "statefulsets", &result);
+        match result {
+            Ok(_) => {
+                info!(statefulset = %r.set, namespace = %r.namespace, pod = %r.pod, "drain pod gone; told Kruise the name is free")
+            }
+            Err(e) if gone_or_replaced(&e) => {}
+            Err(e) => {
+                warn!(statefulset = %r.set, namespace = %r.namespace, pod = %r.pod, error = %e, "failed to tell Kruise a drain pod is gone; it creates its pod at its next retry")
+            }
+        }
+    }
+}
+
 /// Whether the API server serves Advanced StatefulSets (OpenKruise's CRD is installed).
 async fn advanced_served(client: &Client) -> Result<bool, kube::Error> {
     match client.list_api_group_resources(ADVANCED_API_VERSION).await {
@@ -465,7 +547,10 @@ async fn wait_for_advanced(client: &Client, every: Duration) {
     loop {
         match advanced_served(client).await {
             Ok(true) => {
-                info!(api_version = ADVANCED_API_VERSION, "serving OpenKruise Advanced StatefulSets");
+                info!(
+                    api_version = ADVANCED_API_VERSION,
+                    "serving OpenKruise Advanced StatefulSets"
+                );
                 return;
             }
             Ok(false) if !said => {
@@ -477,7 +562,9 @@ async fn wait_for_advanced(client: &Client, every: Duration) {
                 said = true;
             }
             Ok(false) => {}
-            Err(e) => warn!(error = %e, "failed to ask the API server whether Advanced StatefulSets are served; asking again"),
+            Err(e) => {
+                warn!(error = %e, "failed to ask the API server whether Advanced StatefulSets are served; asking again")
+            }
         }
         tokio::time::sleep(every).await;
     }
@@ -497,6 +584,7 @@ pub async fn run(
     let drain_pod_index = Index::default();
     let claim_index = Index::default();
 
+    let (released_tx, released_rx) = mpsc::unbounded_channel();
     let (drain_pods, dp_writer) = reflector::store();
     let dp_stream = watch::changes(
         watcher(
@@ -505,6 +593,16 @@ pub async fn run(
         )
         .default_backoff()
         .modify(slim_drain_pod)
+        .inspect_ok({
+            let released = released_tx.clone();
+            move |event| {
+                if let watcher::Event::Delete(pod) = event
+                    && let Some(r) = Released::of(pod)
+                {
+                    let _ = released.send(r);
+                }
+            }
+        })
         .reflect(dp_writer),
         Filter {
             fingerprint: drain_pod_fingerprint,
@@ -602,8 +700,19 @@ pub async fn run(
             );
         }
     });
+    let nudger = tokio::spawn(tell_kruise(
+        Arc::clone(&ctx),
+        Arc::clone(&routes.advanced),
+        released_rx,
+    ));
     let shutdown = shutdown.shared();
-    let builtin = serve(Arc::clone(&ctx), sets, set_stream, set_triggers, shutdown.clone());
+    let builtin = serve(
+        Arc::clone(&ctx),
+        sets,
+        set_stream,
+        set_triggers,
+        shutdown.clone(),
+    );
     let advanced = {
         let ctx = Arc::clone(&ctx);
         let stop = shutdown.clone();
@@ -631,6 +740,7 @@ pub async fn run(
         }
     };
     futures::join!(builtin, advanced);
+    nudger.abort();
     secondary.abort();
     gate.abort();
     info!("controller stopped");

@@ -39,6 +39,11 @@ pub mod annotations {
     /// Written by the controller on the StatefulSet: a JSON summary of every ordinal it tracks
     /// (waiting, draining, retrying, failed, done), for `kubectl get -o yaml` readers.
     pub const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
+    /// Written by the controller on an OpenKruise Advanced StatefulSet when a drain pod that
+    /// held the name of an ordinal the set wants again is gone: `<pod name> <time>`. Kruise does
+    /// not watch pods it does not control, so without this write it would retry creating its
+    /// pod only at its next backoff (up to minutes later).
+    pub const RELEASED: &str = "statefulsets.kubernetes.io/drain-pod-released";
 }
 
 /// Annotations the controller keeps on an ordinal's claims: the drain's state lives in the cluster.
@@ -269,7 +274,7 @@ pub mod names {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             write!(
                 f,
-                "reserveOrdinals entry {} is neither an ordinal nor a range \"a-b\"",
+                "reserveOrdinals entry {} is neither an ordinal nor a range \"a-b\" (Kruise then reserves no ordinal at all)",
                 self.0
             )
         }
@@ -277,35 +282,46 @@ pub mod names {
 
     impl std::error::Error for BadReservedOrdinal {}
 
-    /// The ordinals an OpenKruise Advanced StatefulSet's `spec.reserveOrdinals` names. Each entry
-    /// is an integer or, since Kruise v1.8, a string: an integer (`"3"`) or an inclusive range
-    /// (`"3-5"`), as Kruise's `ParseRange` reads them. A range wider than 100,000 ordinals is
-    /// refused rather than expanded.
+    /// The ordinals an OpenKruise Advanced StatefulSet's `spec.reserveOrdinals` names, read as
+    /// Kruise v1.8.0 reads them (`GetReserveOrdinalIntSet` and `ParseRange` in
+    /// `pkg/util/api/asts.go`): an integer is an ordinal; a string is an inclusive range `"a-b"`
+    /// (exactly one dash, each side a decimal integer with an optional `+`, `a <= b`).
+    ///
+    /// Kruise drops the whole list, reserving nothing, when one string is not such a range (its
+    /// admission webhook refuses them); here that is an error, so the controller acts on nothing
+    /// rather than guess. A range wider than 100,000 ordinals is an error too, not expanded.
     pub fn reserved_ordinals(
         entries: &[serde_json::Value],
     ) -> Result<BTreeSet<i32>, BadReservedOrdinal> {
+        // Go's strconv.Atoi: an optional sign, then decimal digits, nothing else.
+        fn atoi(t: &str) -> Option<i32> {
+            let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| t.parse().ok())
+                .flatten()
+        }
         let mut out = BTreeSet::new();
         for e in entries {
             let bad = || BadReservedOrdinal(e.to_string());
             match e {
                 serde_json::Value::Number(n) => {
-                    out.insert(n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(bad)?);
+                    out.insert(
+                        n.as_i64()
+                            .and_then(|n| i32::try_from(n).ok())
+                            .ok_or_else(bad)?,
+                    );
                 }
                 serde_json::Value::String(s) => {
-                    let s = s.trim();
-                    let num = |t: &str| t.trim().parse::<i32>().ok();
-                    match s.split_once('-') {
-                        Some((a, b)) if !a.trim().is_empty() => {
-                            let (a, b) = (num(a).ok_or_else(bad)?, num(b).ok_or_else(bad)?);
-                            if a > b || i64::from(b) - i64::from(a) > 100_000 {
-                                return Err(bad());
-                            }
-                            out.extend(a..=b);
-                        }
-                        _ => {
-                            out.insert(num(s).ok_or_else(bad)?);
-                        }
+                    let mut parts = s.split('-');
+                    let (Some(a), Some(b), None) = (parts.next(), parts.next(), parts.next())
+                    else {
+                        return Err(bad());
+                    };
+                    let (a, b) = (atoi(a).ok_or_else(bad)?, atoi(b).ok_or_else(bad)?);
+                    if a > b || i64::from(b) - i64::from(a) > 100_000 {
+                        return Err(bad());
                     }
+                    out.extend(a..=b);
                 }
                 _ => return Err(bad()),
             }
@@ -457,12 +473,18 @@ pub mod names {
 
         #[rstest]
         #[case(serde_json::json!([1, 3]), Ok(vec![1, 3]))]
-        #[case(serde_json::json!(["2", "4-6", 0]), Ok(vec![0, 2, 4, 5, 6]))]
-        #[case(serde_json::json!([" 7 - 8 "]), Ok(vec![7, 8]))]
+        #[case(serde_json::json!(["2-2", "4-6", 0]), Ok(vec![0, 2, 4, 5, 6]))]
+        #[case(serde_json::json!(["+7-8"]), Ok(vec![7, 8]))]
         #[case(serde_json::json!([]), Ok(vec![]))]
+        // Strings Kruise's ParseRange refuses (and with them the whole list).
+        #[case(serde_json::json!(["2"]), Err(()))]
+        #[case(serde_json::json!([1, " 7 - 8 "]), Err(()))]
+        #[case(serde_json::json!(["7 -8"]), Err(()))]
+        #[case(serde_json::json!(["1-2-3"]), Err(()))]
+        #[case(serde_json::json!(["-3"]), Err(()))]
         #[case(serde_json::json!(["6-4"]), Err(()))]
         #[case(serde_json::json!(["x"]), Err(()))]
-        #[case(serde_json::json!(["-3"]), Ok(vec![-3]))]
+        #[case(serde_json::json!(["1-"]), Err(()))]
         #[case(serde_json::json!([1.5]), Err(()))]
         #[case(serde_json::json!([4294967296_i64]), Err(()))]
         #[case(serde_json::json!(["0-2000000000"]), Err(()))]

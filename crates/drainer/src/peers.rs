@@ -410,11 +410,7 @@ pub fn selector_string(name: &str, selector: Option<&LabelSelector>) -> Result<S
 
 /// The peer set of `target` given the live set, the ordinals it runs and the pods matching its
 /// selector.
-pub fn select(
-    range: &OrdinalRange,
-    pods: &[Pod],
-    target: &Target,
-) -> Result<PeerSet, PeersError> {
+pub fn select(range: &OrdinalRange, pods: &[Pod], target: &Target) -> Result<PeerSet, PeersError> {
     let members: Vec<i32> = range
         .iter()
         .filter(|&o| o != target.drained_ordinal)

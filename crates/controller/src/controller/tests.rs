@@ -415,3 +415,44 @@ fn claim_fingerprint_follows_identity_deletion_and_annotations() {
         ],
     );
 }
+
+#[test]
+fn a_deleted_drain_pod_of_an_advanced_statefulset_is_released_by_name_and_ordinal() {
+    let pod = |api_version: &str, owner: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-1", "namespace": "ns",
+                         "labels": {labels::DRAIN_POD: "web"},
+                         "ownerReferences": [{"apiVersion": api_version, "kind": "StatefulSet",
+                                              "name": owner, "uid": "u"}]}
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        Released::of(&pod("apps.kruise.io/v1beta1", "web")),
+        Some(Released {
+            namespace: "ns".into(),
+            set: "web".into(),
+            set_uid: "u".into(),
+            pod: "web-1".into(),
+            ordinal: 1,
+        })
+    );
+    // Built-in sets watch every pod with their name: nothing to tell them.
+    assert_eq!(Released::of(&pod("apps/v1", "web")), None);
+    // Owned by another set than its label names: not ours to report.
+    assert_eq!(Released::of(&pod("apps.kruise.io/v1beta1", "other")), None);
+}
+
+#[test]
+fn set_fingerprint_ignores_the_annotations_the_controller_writes() {
+    let mut set = StatefulSet::default();
+    let before = set_fingerprint(&set);
+    set.metadata.annotations = Some(
+        [
+            (annotations::STATUS.to_owned(), "{}".to_owned()),
+            (annotations::RELEASED.to_owned(), "web-1 now".to_owned()),
+        ]
+        .into(),
+    );
+    assert_eq!(set_fingerprint(&set), before);
+}

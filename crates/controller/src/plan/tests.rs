@@ -863,7 +863,16 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
         prop::collection::btree_set(0i32..7, 0..3),
     )
         .prop_map(
-            |(replicas, start, ordinals, max_concurrent, cancel, max_attempts, manual_approval, reserved)| {
+            |(
+                replicas,
+                start,
+                ordinals,
+                max_concurrent,
+                cancel,
+                max_attempts,
+                manual_approval,
+                reserved,
+            )| {
                 let mut claims = Vec::new();
                 let mut pods = Vec::new();
                 for (i, (templates, record, pod)) in ordinals.into_iter().enumerate() {
