@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 use crate::objects::SetBuilder;
@@ -62,15 +64,23 @@ pub async fn patch_spec(ns: &TestNamespace, name: &str, spec: Value) -> Result<(
     Ok(())
 }
 
-/// The CRD files of the pinned Kruise release (`KRUISE_CRDS` of the cluster harness).
+/// The CRD files of the pinned Kruise release: `config/crd/bases` of its Go module, which
+/// `tests/cluster/kruise` downloaded (and installed the CRDs from).
 pub fn crds_dir() -> Result<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg("-c")
-        .arg("source tests/cluster/lib/common.sh && echo \"$KRUISE_CRDS\"")
-        .current_dir(repo_root())
-        .output()?;
-    ensure!(out.status.success(), "cannot read KRUISE_CRDS");
-    let dir = PathBuf::from(String::from_utf8(out.stdout)?.trim());
+    let out = std::process::Command::new("go")
+        .args([
+            "list",
+            "-m",
+            "-f",
+            "{{.Dir}}",
+            "github.com/openkruise/kruise",
+        ])
+        .current_dir(repo_root().join("tests/cluster/go/kruise"))
+        .env("GOFLAGS", "-mod=readonly")
+        .output()
+        .context("run go list (Go is needed for the Kruise harness)")?;
+    ensure!(out.status.success(), "go list of the Kruise module failed");
+    let dir = PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("config/crd/bases");
     ensure!(
         dir.join(CRD_FILE).exists(),
         "{} not found: run tests/cluster/kruise (tests/run does)",
@@ -86,7 +96,10 @@ pub const CRD: &str = "statefulsets.apps.kruise.io";
 
 /// Whether the API server serves Advanced StatefulSets.
 pub async fn served(client: &Client) -> Result<bool> {
-    match client.list_api_group_resources("apps.kruise.io/v1beta1").await {
+    match client
+        .list_api_group_resources("apps.kruise.io/v1beta1")
+        .await
+    {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == "statefulsets")),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
@@ -112,9 +125,11 @@ pub async fn reinstall_crd(client: &Client) -> Result<()> {
         .stdout(std::process::Stdio::null())
         .status()?;
     ensure!(status.success(), "kubectl apply {} failed", file.display());
-    wait_for(Duration::from_secs(60), "Advanced StatefulSets served", || async {
-        served(client).await
-    })
+    wait_for(
+        Duration::from_secs(60),
+        "Advanced StatefulSets served",
+        || async { served(client).await },
+    )
     .await?;
     let status = std::process::Command::new(repo_root().join("tests/cluster/kruise"))
         .stdout(std::process::Stdio::null())
@@ -132,9 +147,11 @@ pub async fn remove_crd(client: &Client) -> Result<()> {
         .stdout(std::process::Stdio::null())
         .status()?;
     ensure!(status.success(), "kubectl delete crd {CRD} failed");
-    wait_for(Duration::from_secs(60), "Advanced StatefulSets not served", || async {
-        Ok(!served(client).await?)
-    })
+    wait_for(
+        Duration::from_secs(60),
+        "Advanced StatefulSets not served",
+        || async { Ok(!served(client).await?) },
+    )
     .await
 }
 
@@ -145,7 +162,9 @@ pub async fn drain_status(ns: &TestNamespace, set: &str) -> Result<Option<Value>
         .annotations
         .unwrap_or_default()
         .get(drain_api::annotations::STATUS)
-        .map(|text| serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}")))
+        .map(|text| {
+            serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}"))
+        })
         .transpose()
 }
 
@@ -160,9 +179,9 @@ pub async fn wait_ordinal_state(
         crate::ops::T,
         &format!("status of advanced statefulset {set} with ordinal {ordinal} {state:?}"),
         || async {
-            Ok(drain_status(ns, set).await?.is_some_and(|s| {
-                crate::faults::ordinal_state(&s, ordinal) == Some(state)
-            }))
+            Ok(drain_status(ns, set)
+                .await?
+                .is_some_and(|s| crate::faults::ordinal_state(&s, ordinal) == Some(state)))
         },
     )
     .await?;
@@ -176,7 +195,7 @@ pub struct CrdGuard;
 impl Drop for CrdGuard {
     fn drop(&mut self) {
         let Ok(dir) = crds_dir() else {
-            eprintln!("cannot put the Advanced StatefulSet CRD back: KRUISE_CRDS unknown");
+            eprintln!("cannot put the Advanced StatefulSet CRD back: its file is not found");
             return;
         };
         let applied = crate::kubectl()

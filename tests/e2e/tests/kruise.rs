@@ -12,8 +12,7 @@ use anyhow::{Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE as TEMPLATE;
 use drain_api::env;
 use e2e::faults::{
-    DATASTORE, apply_example, assert_every_record_readable, store_of, wait_set_event,
-    write_records,
+    DATASTORE, apply_example, assert_every_record_readable, store_of, wait_set_event, write_records,
 };
 use e2e::objects::{SetBuilder, drain_template, sleeper};
 use e2e::ops::*;
@@ -50,14 +49,22 @@ async fn an_advanced_statefulset_of_3_scaled_to_2_is_drained_like_a_built_in_set
     let _controller = ControllerProcess::start(&ns.name, &[]);
     kruise::start(&ns, &set("web", CHECK_OWNER), json!({})).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
-    let set_uid = kruise::api(&ns).get("web").await?.metadata.uid.unwrap_or_default();
+    let set_uid = kruise::api(&ns)
+        .get("web")
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
     // Kruise's own pods: controlled by the Advanced StatefulSet.
     let pod0 = ns.api::<Pod>().get("web-0").await?;
     ensure!(
-        pod0.metadata.owner_references.iter().flatten().any(|o| o.api_version
-            == "apps.kruise.io/v1beta1"
-            && o.uid == set_uid
-            && o.controller == Some(true)),
+        pod0.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.api_version == "apps.kruise.io/v1beta1"
+                && o.uid == set_uid
+                && o.controller == Some(true)),
         "web-0 is Kruise's pod: {:?}",
         pod0.metadata.owner_references
     );
@@ -121,7 +128,12 @@ async fn reserving_ordinal_1_drains_it_into_0_and_2_and_loses_no_record() -> Res
     let held_by_2 = store_of(&ns, 2).await?.list().await?.len();
 
     // Ordinal 1 out of 0..2: replicas 2 with 1 reserved keeps 0 and 2.
-    kruise::patch_spec(&ns, DATASTORE, json!({"replicas": 2, "reserveOrdinals": [1]})).await?;
+    kruise::patch_spec(
+        &ns,
+        DATASTORE,
+        json!({"replicas": 2, "reserveOrdinals": [1]}),
+    )
+    .await?;
     let drain = wait_drain_pod(&ns, "datastore-1", None).await?;
     ensure!(
         env_of(&drain, env::STATEFULSET_API_VERSION) == Some("apps.kruise.io/v1beta1"),
@@ -180,6 +192,63 @@ async fn un_reserving_an_ordinal_mid_drain_cancels_the_drain_and_keeps_its_claim
 }
 
 #[tokio::test]
+async fn a_returning_ordinal_gets_its_kruise_pod_as_soon_as_a_slow_drain_pod_is_gone() -> Result<()>
+{
+    let _shared = CRD_LOCK.read().await;
+    let client = client().await;
+    kruise::require(&client).await?;
+    let ns = TestNamespace::new(&client, "kruise-release").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // A drain pod that ignores SIGTERM: deleted, it holds the name for its whole 25 s grace
+    // period. Kruise, un-reserved, retries creating web-1 with a doubling backoff (…, 20 s,
+    // 40 s) and does not watch our pod: only the controller's touch of the set brings web-1
+    // back as soon as the name is free.
+    let template = drain_template(
+        "trap '' TERM; while true; do sleep 0.2; done",
+        &["data"],
+        json!({"terminationGracePeriodSeconds": 25}),
+    );
+    kruise::start(
+        &ns,
+        &SetBuilder::new("web").annotation(TEMPLATE, template),
+        json!({}),
+    )
+    .await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    kruise::patch_spec(&ns, "web", json!({"replicas": 2, "reserveOrdinals": [1]})).await?;
+    wait_drain_pod(&ns, "web-1", Some("Running")).await?;
+    kruise::patch_spec(&ns, "web", json!({"replicas": 3, "reserveOrdinals": []})).await?;
+    wait_set_event(&ns, "web", "DrainCancelled").await?;
+
+    let pods = ns.api::<Pod>();
+    let mut gone_at = None;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let back_after = loop {
+        ensure!(Instant::now() < deadline, "web-1 did not come back");
+        match pods.get_opt("web-1").await? {
+            None => {
+                gone_at.get_or_insert_with(Instant::now);
+            }
+            Some(p) if !is_drain_pod(&p) => break gone_at.map(|g| g.elapsed()),
+            Some(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Not seen absent at all: created within one 100 ms poll.
+    let back_after = back_after.unwrap_or_default();
+    eprintln!(
+        "Kruise's web-1 created {back_after:?} after the drain pod was gone (0: within a 100 ms poll)"
+    );
+    ensure!(
+        back_after < Duration::from_secs(5),
+        "Kruise's pod came back {back_after:?} after the name was free"
+    );
+    wait_stateful_pod_back(&ns, "web-1").await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn without_the_kruise_api_the_controller_serves_built_in_sets_and_picks_kruise_up_later()
 -> Result<()> {
     let _exclusive = CRD_LOCK.write().await;
@@ -202,14 +271,19 @@ async fn without_the_kruise_api_the_controller_serves_built_in_sets_and_picks_kr
     wait_pod_gone(&ns, "web-2", T).await?;
     // Asked many times (every 500 ms while the drain ran), said once.
     let said = log().matches(not_served).count();
-    ensure!(said == 1, "said {said} times that Advanced StatefulSets are not served");
+    ensure!(
+        said == 1,
+        "said {said} times that Advanced StatefulSets are not served"
+    );
 
     // The API appears: the controller serves it without a restart.
     let appeared = Instant::now();
     kruise::reinstall_crd(&client).await?;
-    wait_for(T, "the controller serving Advanced StatefulSets", || async {
-        Ok(log().contains("serving OpenKruise Advanced StatefulSets"))
-    })
+    wait_for(
+        T,
+        "the controller serving Advanced StatefulSets",
+        || async { Ok(log().contains("serving OpenKruise Advanced StatefulSets")) },
+    )
     .await?;
     eprintln!(
         "Advanced StatefulSets served {:?} after the CRD was applied",
