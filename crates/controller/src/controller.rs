@@ -130,6 +130,10 @@ pub struct Context {
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
+    /// The built-in StatefulSets' cache.
+    sets: Store<StatefulSet>,
+    /// The Advanced StatefulSets' cache, once that kind is served.
+    advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
 }
 
 impl Context {
@@ -445,6 +449,11 @@ async fn serve<K: ServedSet>(
         .for_each(|res| async move {
             match res {
                 Ok((set, _)) => debug!(set = %set, "reconciled"),
+                // The watch of the sets failed (an RBAC denial, an object that does not parse):
+                // retried with backoff, and said, or the kind would go unserved in silence.
+                Err(kube::runtime::controller::Error::QueueError(e)) => {
+                    warn!(kind = K::KIND.label(), error = %e, "watching the sets failed; retrying");
+                }
                 Err(e) => debug!(error = %e, "reconcile failed"),
             }
         })
@@ -455,6 +464,64 @@ fn tokio_stream_from<T: Send + 'static>(
     mut rx: mpsc::UnboundedReceiver<T>,
 ) -> impl Stream<Item = T> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Whether `set` may run a pod for `ordinal`: it is in the set's range, or in the range Kruise
+/// runs if it ignores `spec.ordinals.start` ([`ServedSet::start_fallback`]), or the set's
+/// membership cannot be read.
+fn wants<K: ServedSet>(set: &K, ordinal: i32) -> bool {
+    let Ok(range) = set.ordinals() else {
+        return true;
+    };
+    range.contains(ordinal) || set.start_fallback().is_some_and(|r| r.contains(ordinal))
+}
+
+/// The API of the sets of the other kind than the one reconciled.
+enum Twin {
+    /// Built-in StatefulSets.
+    StatefulSets(Api<StatefulSet>),
+    /// Advanced StatefulSets.
+    Advanced(Api<AdvancedStatefulSet>),
+}
+
+impl Twin {
+    /// Whether a set named `name` exists, read live.
+    async fn exists(&self, name: &str, metrics: &Metrics) -> Result<bool, kube::Error> {
+        let found = match self {
+            Self::StatefulSets(api) => api.get_metadata_opt(name).await.map(|m| m.is_some()),
+            Self::Advanced(api) => api.get_metadata_opt(name).await.map(|m| m.is_some()),
+        };
+        metrics.request("get", "statefulsets", &found);
+        found
+    }
+}
+
+impl Context {
+    /// The kind of the cached set of the other kind named like this one, if there is one.
+    fn twin_cached(&self, kind: SetKind, ns: &str, name: &str) -> Option<SetKind> {
+        match kind {
+            SetKind::StatefulSet => self
+                .advanced
+                .get()
+                .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
+                .map(|_| SetKind::Advanced),
+            SetKind::Advanced => self
+                .sets
+                .get(&ObjectRef::new(name).within(ns))
+                .map(|_| SetKind::StatefulSet),
+        }
+    }
+
+    /// The live API of the other kind, when it is served.
+    fn twin_api(&self, kind: SetKind, ns: &str) -> Option<Twin> {
+        match kind {
+            SetKind::StatefulSet => self
+                .advanced
+                .get()
+                .map(|_| Twin::Advanced(Api::namespaced(self.client.clone(), ns))),
+            SetKind::Advanced => Some(Twin::StatefulSets(Api::namespaced(self.client.clone(), ns))),
+        }
+    }
 }
 
 /// A drain pod of an Advanced StatefulSet that is gone (its watch saw it deleted).
@@ -505,8 +572,9 @@ async fn tell_kruise(
         else {
             continue;
         };
-        let wanted = set.ordinals().is_ok_and(|range| range.contains(r.ordinal));
-        if set.metadata.uid.as_deref() != Some(r.set_uid.as_str()) || !wanted {
+        if set.metadata.uid.as_deref() != Some(r.set_uid.as_str())
+            || !wants(set.as_ref(), r.ordinal)
+        {
             continue;
         }
         let api: Api<AdvancedStatefulSet> = Api::namespaced(ctx.client.clone(), &r.namespace);
@@ -663,7 +731,13 @@ pub async fn run(
         },
         telemetry.ready,
     ));
+    // Each kind of set has its own controller; the pod and claim watches are shared, and a
+    // change is routed to the sets of either kind it concerns.
+    let (sets, set_stream) = set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone());
+    let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
     let ctx = Arc::new(Context {
+        sets: sets.clone(),
+        advanced: Arc::clone(&advanced_sets),
         recorder: Recorder::new(client.clone(), reporter),
         client,
         stateful_pods,
@@ -679,15 +753,12 @@ pub async fn run(
         ready,
     });
 
-    // Each kind of set has its own controller; the pod and claim watches are shared, and a
-    // change is routed to the sets of either kind it concerns.
-    let (sets, set_stream) = set_watch::<StatefulSet>(&ctx.client, ns, ctx.drain_pod_index.clone());
     let (to_sets, set_triggers) = mpsc::unbounded_channel();
     let (to_advanced, advanced_triggers) = mpsc::unbounded_channel();
     let routes = Routes {
         sets: sets.clone(),
         to_sets,
-        advanced: Arc::default(),
+        advanced: advanced_sets,
         to_advanced,
     };
     let secondary = tokio::spawn({
@@ -761,6 +832,9 @@ fn set_reference(kind: SetKind, set: &StatefulSet) -> ObjectReference {
 /// The real cluster seam: one namespace, events on one set of kind `K`.
 struct KubeCluster<'a, K> {
     sets: Api<K>,
+    /// The sets of the other kind, when that kind is served: one of the same name blocks
+    /// every drain (their pods and claims share names).
+    twin: Option<Twin>,
     pods: Api<Pod>,
     claims: Api<PersistentVolumeClaim>,
     recorder: &'a Recorder,
@@ -893,7 +967,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             return Ok(false);
         }
         // Membership that cannot be read is never taken for a scale-down.
-        Ok(set.ordinals().is_ok_and(|range| !range.contains(ordinal)))
+        if wants(&set, ordinal) {
+            return Ok(false);
+        }
+        match &self.twin {
+            Some(twin) => Ok(!twin.exists(&name, self.metrics).await?),
+            None => Ok(true),
+        }
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -1066,6 +1146,13 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         ctx.wait_ready().await?;
         let set_ref = set_reference(kind, &set);
         let opted_in = opted_in(&set);
+        if let Some(twin) = ctx.twin_cached(K::KIND, &ns, &name) {
+            // Pods and claims named `<name>-<ordinal>` could be either set's: none is drained.
+            let note = format!("a {} named {name} exists in this namespace too: their pods and claims have the same names, so neither is drained until one is renamed or deleted", twin.label());
+            warn!(twin = twin.label(), "name shared with a set of the other kind; nothing is drained");
+            publish(&ctx.recorder, &set_ref, Severity::Warning, "NameClash", note);
+            return Ok(Requeue::requeue(Duration::from_secs(30).min(ctx.config.resync)));
+        }
         let range = match obj.ordinals() {
             Ok(range) => range,
             Err(e) => {
@@ -1103,6 +1190,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         // observe
         let mut snap = observe_set(&ctx, &set, !opted_in);
         snap.reserved = range.reserved;
+        snap.also_held = obj.start_fallback();
 
         // plan
         let now = Timestamp::now();
@@ -1115,6 +1203,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         // act
         let cluster = KubeCluster {
             sets: Api::<K>::namespaced(ctx.client.clone(), &ns),
+            twin: ctx.twin_api(K::KIND, &ns),
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
             recorder: &ctx.recorder,

@@ -344,6 +344,7 @@ pub fn snapshot<'a>(
             .and_then(|o| o.start)
             .unwrap_or(0),
         reserved: Default::default(),
+        also_held: None,
         claims,
         pods,
         previous,

@@ -201,6 +201,9 @@ pub struct Snapshot {
     pub ordinals_start: i32,
     /// Ordinals the set skips (an Advanced StatefulSet's `spec.reserveOrdinals`).
     pub reserved: BTreeSet<i32>,
+    /// Ordinals the set may run outside its range (an Advanced StatefulSet's ordinals counted
+    /// from 0, in case Kruise ignores `spec.ordinals.start`): held, never drained.
+    pub also_held: Option<drain_api::names::OrdinalRange>,
     /// The set's claims (all ordinals).
     pub claims: Vec<Claim>,
     /// Pods holding one of the set's pod names.
@@ -735,7 +738,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         let (record, series) = record_of(merged_record(&live), pod, &settings.new_drains, now);
         let ord = Ordinal {
             ordinal: o,
-            in_range: range.contains(o),
+            in_range: range.contains(o) || snap.also_held.as_ref().is_some_and(|r| r.contains(o)),
             record,
             series,
             claims,

@@ -93,6 +93,14 @@ pub trait ServedSet:
     /// The drain concurrency when the set does not say (`None`: the policy's default).
     fn default_max_concurrent(&self) -> Option<u32>;
 
+    /// Ordinals the set may run although they are outside [`ordinals`](Self::ordinals): Kruise
+    /// honours `spec.ordinals.start` only with its alpha feature gate `StatefulSetStartOrdinal`
+    /// (off by default), which nothing in the API shows. An Advanced StatefulSet with a start
+    /// other than 0 may therefore run the ordinals counted from 0; they are never drained.
+    fn start_fallback(&self) -> Option<OrdinalRange> {
+        None
+    }
+
     /// The names of its claim templates.
     fn claim_templates(&self) -> Vec<String>;
 
@@ -204,7 +212,7 @@ pub struct AdvancedSpec {
     /// templates, service name, pod management policy, ordinals, claim retention policy).
     #[serde(flatten)]
     pub base: StatefulSetSpec,
-    /// Ordinals the set skips: integers, or strings holding an integer or a range `"a-b"`.
+    /// Ordinals the set skips: integers, or strings holding a range `"a-b"`.
     #[serde(default)]
     pub reserve_ordinals: Option<Vec<serde_json::Value>>,
     /// How it scales.
@@ -283,6 +291,12 @@ impl ServedSet for AdvancedStatefulSet {
         Ok(range_of(spec.map(|s| &s.base)).with_reserved(reserved))
     }
 
+    fn start_fallback(&self) -> Option<OrdinalRange> {
+        let range = self.ordinals().ok()?;
+        (range.start != 0)
+            .then(|| OrdinalRange::new(Some(0), Some(range.replicas)).with_reserved(range.reserved))
+    }
+
     fn default_max_concurrent(&self) -> Option<u32> {
         let spec = self.spec.as_ref()?;
         let max = spec.scale_strategy.as_ref()?.max_unavailable.as_ref()?;
@@ -350,6 +364,21 @@ mod tests {
         let range = set.ordinals().unwrap();
         assert_eq!(range.iter().collect::<Vec<_>>(), [0, 2]);
         assert!(!range.contains(1));
+    }
+
+    #[test]
+    fn a_start_other_than_0_also_holds_the_ordinals_kruise_runs_without_its_gate() {
+        let mut spec = base_spec();
+        spec["ordinals"] = json!({"start": 3});
+        spec["reserveOrdinals"] = json!([1]);
+        let set = advanced(spec);
+        assert_eq!(set.ordinals().unwrap().iter().collect::<Vec<_>>(), [3, 4]);
+        let fallback = set.start_fallback().unwrap();
+        assert_eq!(fallback.iter().collect::<Vec<_>>(), [0, 2]);
+        let mut spec = base_spec();
+        spec["ordinals"] = json!({"start": 0});
+        assert!(advanced(spec).start_fallback().is_none());
+        assert!(StatefulSet::default().start_fallback().is_none());
     }
 
     #[test]

@@ -12,7 +12,8 @@ use anyhow::{Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE as TEMPLATE;
 use drain_api::env;
 use e2e::faults::{
-    DATASTORE, apply_example, assert_every_record_readable, store_of, wait_set_event, write_records,
+    DATASTORE, apply_example, assert_every_record_readable, hold, store_of, wait_set_event,
+    write_records,
 };
 use e2e::objects::{SetBuilder, drain_template, sleeper};
 use e2e::ops::*;
@@ -244,6 +245,44 @@ async fn a_returning_ordinal_gets_its_kruise_pod_as_soon_as_a_slow_drain_pod_is_
         "Kruise's pod came back {back_after:?} after the name was free"
     );
     wait_stateful_pod_back(&ns, "web-1").await?;
+    // What told Kruise: the controller's note on the set.
+    let set = kruise::api(&ns).get("web").await?;
+    let released = set.metadata.annotations.unwrap_or_default();
+    let released = released.get(drain_api::annotations::RELEASED);
+    ensure!(
+        released.is_some_and(|v| v.starts_with("web-1 ")),
+        "drain-pod-released on the set: {released:?}"
+    );
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_built_in_and_an_advanced_set_of_one_name_are_never_drained() -> Result<()> {
+    let _shared = CRD_LOCK.read().await;
+    let client = client().await;
+    kruise::require(&client).await?;
+    let ns = TestNamespace::new(&client, "kruise-clash").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // A built-in `web` (not opted in) scaled 3 → 2 leaves data-web-2 behind; an opted-in
+    // Advanced `web` that wants no pod would take it for its own scale-down.
+    start_set(&ns, &SetBuilder::new("web")).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    kruise::api(&ns)
+        .create(
+            &kube::api::PostParams::default(),
+            &kruise::advanced(&set("web", "true"), json!({"replicas": 0}))?,
+        )
+        .await?;
+    let clash = wait_set_event(&ns, "web", "NameClash").await?;
+    eprintln!("{clash:?}");
+    hold(Duration::from_secs(5), "nothing drained", || async {
+        ensure!(drain_pods(&ns).await?.is_empty(), "a drain pod was created");
+        Ok(())
+    })
+    .await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
     Ok(())
 }

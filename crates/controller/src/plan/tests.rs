@@ -93,6 +93,7 @@ fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
         replicas,
         ordinals_start: 0,
         reserved: Default::default(),
+        also_held: None,
         claims,
         pods,
         previous: BTreeMap::new(),
@@ -278,6 +279,21 @@ fn a_reserved_ordinal_in_the_middle_is_drained_while_its_neighbours_run() {
     assert_eq!(
         plan.actions,
         vec![create(1, &[&claim("data", 1)], 1, Some(t(0)))]
+    );
+}
+
+#[test]
+fn ordinals_kruise_may_run_from_0_are_never_drained() {
+    // An Advanced StatefulSet with start 3 and replicas 2: Kruise runs 3, 4 with its start
+    // gate, 0, 1 without. Pod 0 is briefly gone: its claim is not drained; ordinal 5's is.
+    let claims = vec![claim("data", 0), claim("data", 1), claim("data", 5)];
+    let mut s = snap(2, claims, vec![stateful_pod(1)]);
+    s.ordinals_start = 3;
+    s.also_held = Some(drain_api::names::OrdinalRange::new(Some(0), Some(2)));
+    let plan = plan(&s, &settings(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![create(5, &[&claim("data", 5)], 1, Some(t(0)))]
     );
 }
 
@@ -860,7 +876,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
         any::<bool>(),
         prop::option::of(1u32..4),
         any::<bool>(),
-        prop::collection::btree_set(0i32..7, 0..3),
+        (prop::collection::btree_set(0i32..7, 0..3), any::<bool>()),
     )
         .prop_map(
             |(
@@ -871,7 +887,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                 cancel,
                 max_attempts,
                 manual_approval,
-                reserved,
+                (reserved, fallback),
             )| {
                 let mut claims = Vec::new();
                 let mut pods = Vec::new();
@@ -951,6 +967,14 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                 };
                 let mut s = snap(replicas, claims, pods);
                 s.ordinals_start = start;
+                // An Advanced StatefulSet with a start other than 0 also holds the ordinals
+                // counted from 0 (Kruise may ignore the start).
+                if fallback && start != 0 {
+                    s.also_held = Some(
+                        drain_api::names::OrdinalRange::new(Some(0), Some(replicas))
+                            .with_reserved(reserved.clone()),
+                    );
+                }
                 s.reserved = reserved;
                 (s, settings)
             },
@@ -960,13 +984,19 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
 /// The ordinals the set runs, counted independently of `OrdinalRange`: from the start up, the
 /// first `replicas` not reserved.
 fn held(s: &Snapshot) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut o = s.ordinals_start;
-    while out.len() < usize::try_from(s.replicas.max(0)).unwrap() {
-        if !s.reserved.contains(&o) {
-            out.push(o);
+    let count_from = |mut o: i32| {
+        let mut out = Vec::new();
+        while out.len() < usize::try_from(s.replicas.max(0)).unwrap() {
+            if !s.reserved.contains(&o) {
+                out.push(o);
+            }
+            o += 1;
         }
-        o += 1;
+        out
+    };
+    let mut out = count_from(s.ordinals_start);
+    if s.also_held.is_some() {
+        out.extend(count_from(0));
     }
     out
 }

@@ -185,6 +185,7 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
         replicas: 1,
         ordinals_start: 0,
         reserved: Default::default(),
+        also_held: None,
         claims: vec![orphaned_claim(1)],
         pods: Vec::new(),
         previous: BTreeMap::new(),
