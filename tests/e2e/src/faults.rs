@@ -134,20 +134,20 @@ pub fn owned_by(pod: &Pod, owner_uid: &str) -> bool {
         .is_some_and(|refs| refs.iter().any(|r| r.uid == owner_uid))
 }
 
+/// The drain status annotation among a set's `annotations`, parsed (`None` while there is none).
+pub fn status_in(annotations: Option<&BTreeMap<String, String>>) -> Result<Option<Value>> {
+    annotations
+        .and_then(|a| a.get(annotations::STATUS))
+        .map(|text| {
+            serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}"))
+        })
+        .transpose()
+}
+
 /// The set's drain status annotation, parsed (`None` while there is none).
 pub async fn drain_status(ns: &TestNamespace, set: &str) -> Result<Option<Value>> {
     let set = ns.api::<StatefulSet>().get(set).await?;
-    match set
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .get(annotations::STATUS)
-    {
-        Some(text) => Ok(Some(
-            serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}"))?,
-        )),
-        None => Ok(None),
-    }
+    status_in(set.metadata.annotations.as_ref())
 }
 
 /// The `state` the status reports for an ordinal.
@@ -162,13 +162,28 @@ pub async fn wait_ordinal_state(
     ordinal: i32,
     state: &str,
 ) -> Result<Value> {
+    wait_status_state(set, ordinal, state, || drain_status(ns, set)).await
+}
+
+/// Waits until the status `read` returns reports `state` for the ordinal of the set `what`;
+/// returns the whole status (the last one read in the error otherwise).
+pub async fn wait_status_state<F, Fut>(
+    what: &str,
+    ordinal: i32,
+    state: &str,
+    read: F,
+) -> Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Value>>>,
+{
     let last = std::sync::Mutex::new(None);
-    let last_ref = &last;
+    let (last_ref, read) = (&last, &read);
     let waited = wait_for(
         T,
-        &format!("status of {set} with ordinal {ordinal} {state:?}"),
+        &format!("status of {what} with ordinal {ordinal} {state:?}"),
         || async move {
-            let status = drain_status(ns, set).await?;
+            let status = read().await?;
             let found = status
                 .as_ref()
                 .is_some_and(|s| ordinal_state(s, ordinal) == Some(state));

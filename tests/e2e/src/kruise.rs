@@ -158,14 +158,7 @@ pub async fn remove_crd(client: &Client) -> Result<()> {
 /// The drain status annotation of the Advanced StatefulSet, parsed (`None` while there is none).
 pub async fn drain_status(ns: &TestNamespace, set: &str) -> Result<Option<Value>> {
     let obj = api(ns).get(set).await?;
-    obj.metadata
-        .annotations
-        .unwrap_or_default()
-        .get(drain_api::annotations::STATUS)
-        .map(|text| {
-            serde_json::from_str(text).with_context(|| format!("status is not JSON: {text}"))
-        })
-        .transpose()
+    crate::faults::status_in(obj.metadata.annotations.as_ref())
 }
 
 /// Waits until the Advanced StatefulSet's status reports `state` for the ordinal.
@@ -175,17 +168,8 @@ pub async fn wait_ordinal_state(
     ordinal: i32,
     state: &str,
 ) -> Result<Value> {
-    wait_for(
-        crate::ops::T,
-        &format!("status of advanced statefulset {set} with ordinal {ordinal} {state:?}"),
-        || async {
-            Ok(drain_status(ns, set)
-                .await?
-                .is_some_and(|s| crate::faults::ordinal_state(&s, ordinal) == Some(state)))
-        },
-    )
-    .await?;
-    drain_status(ns, set).await?.context("status")
+    let what = format!("advanced statefulset {set}");
+    crate::faults::wait_status_state(&what, ordinal, state, || drain_status(ns, set)).await
 }
 
 /// Puts the Advanced StatefulSet CRD back when dropped (a test that removed it may fail half

@@ -31,6 +31,15 @@ fn set(name: &str, script: &str) -> SetBuilder {
     SetBuilder::new(name).annotation(TEMPLATE, drain_template(script, &["data"], json!({})))
 }
 
+/// A test's start: Kruise required, a namespace of its own, the controller watching it.
+async fn setup(prefix: &str) -> Result<(TestNamespace, ControllerProcess)> {
+    let client = client().await;
+    kruise::require(&client).await?;
+    let ns = TestNamespace::new(&client, prefix).await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    Ok((ns, controller))
+}
+
 fn env_of<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
     pod.spec.as_ref()?.containers[0]
         .env
@@ -44,10 +53,7 @@ fn env_of<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
 #[tokio::test]
 async fn an_advanced_statefulset_of_3_scaled_to_2_is_drained_like_a_built_in_set() -> Result<()> {
     let _shared = CRD_LOCK.read().await;
-    let client = client().await;
-    kruise::require(&client).await?;
-    let ns = TestNamespace::new(&client, "kruise-basic").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let (ns, _controller) = setup("kruise-basic").await?;
     kruise::start(&ns, &set("web", CHECK_OWNER), json!({})).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
     let set_uid = kruise::api(&ns)
@@ -99,10 +105,7 @@ async fn an_advanced_statefulset_of_3_scaled_to_2_is_drained_like_a_built_in_set
 #[tokio::test]
 async fn reserving_ordinal_1_drains_it_into_0_and_2_and_loses_no_record() -> Result<()> {
     let _shared = CRD_LOCK.read().await;
-    let client = client().await;
-    kruise::require(&client).await?;
-    let ns = TestNamespace::new(&client, "kruise-reserve").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let (ns, _controller) = setup("kruise-reserve").await?;
     // The example datastore as an Advanced StatefulSet: its rebalance sidecars are told the kind
     // like drain pods are.
     apply_example(
@@ -163,10 +166,7 @@ async fn reserving_ordinal_1_drains_it_into_0_and_2_and_loses_no_record() -> Res
 #[tokio::test]
 async fn un_reserving_an_ordinal_mid_drain_cancels_the_drain_and_keeps_its_claim() -> Result<()> {
     let _shared = CRD_LOCK.read().await;
-    let client = client().await;
-    kruise::require(&client).await?;
-    let ns = TestNamespace::new(&client, "kruise-unreserve").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let (ns, _controller) = setup("kruise-unreserve").await?;
     // A drain that never finishes by itself and exits 0 when told to stop: never a success.
     kruise::start(&ns, &set("web", &sleeper("true")), json!({})).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
@@ -196,10 +196,7 @@ async fn un_reserving_an_ordinal_mid_drain_cancels_the_drain_and_keeps_its_claim
 async fn a_returning_ordinal_gets_its_kruise_pod_as_soon_as_a_slow_drain_pod_is_gone() -> Result<()>
 {
     let _shared = CRD_LOCK.read().await;
-    let client = client().await;
-    kruise::require(&client).await?;
-    let ns = TestNamespace::new(&client, "kruise-release").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let (ns, _controller) = setup("kruise-release").await?;
     // A drain pod that ignores SIGTERM: deleted, it holds the name for its whole 25 s grace
     // period. Kruise, un-reserved, retries creating web-1 with a doubling backoff (…, 20 s,
     // 40 s) and does not watch our pod: only the controller's touch of the set brings web-1
@@ -260,10 +257,7 @@ async fn a_returning_ordinal_gets_its_kruise_pod_as_soon_as_a_slow_drain_pod_is_
 #[tokio::test]
 async fn a_built_in_and_an_advanced_set_of_one_name_are_never_drained() -> Result<()> {
     let _shared = CRD_LOCK.read().await;
-    let client = client().await;
-    kruise::require(&client).await?;
-    let ns = TestNamespace::new(&client, "kruise-clash").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let (ns, _controller) = setup("kruise-clash").await?;
     // A built-in `web` (not opted in) scaled 3 → 2 leaves data-web-2 behind; an opted-in
     // Advanced `web` that wants no pod would take it for its own scale-down.
     start_set(&ns, &SetBuilder::new("web")).await?;
