@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use drain_api::names;
-use drain_api::{annotations, claim_annotations, labels};
+use drain_api::{annotations, labels};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -28,6 +28,7 @@ use crate::act::{
     self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
 };
 use crate::leader::Leadership;
+use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::metrics::Metrics;
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
@@ -114,9 +115,9 @@ impl Error {
 /// What every reconcile shares.
 pub struct Context {
     client: Client,
-    stateful_pods: Store<PartialObjectMeta<Pod>>,
+    stateful_pods: Cache<PodEntry>,
     drain_pods: Store<Pod>,
-    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    claims: Cache<ClaimEntry>,
     drain_pod_index: Index,
     claim_index: Index,
     recorder: Recorder,
@@ -151,19 +152,26 @@ impl Context {
 /// The caches of the secondary watches (the StatefulSet cache is the controller's own).
 #[derive(Clone)]
 struct Caches {
-    stateful_pods: Store<PartialObjectMeta<Pod>>,
+    stateful_pods: Cache<PodEntry>,
     drain_pods: Store<Pod>,
-    claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    claims: Cache<ClaimEntry>,
 }
 
-/// Flips `ready` once every secondary cache has synced. Each cache gets exactly one waiter, this
-/// task: `Store::wait_until_ready` wakes only one of several concurrent waiters, and the
-/// kube-runtime controller already waits on the StatefulSet cache before any reconcile runs.
+/// Flips `ready` once every secondary cache has synced. The drain pod store gets exactly one
+/// waiter, this task: `Store::wait_until_ready` wakes only one of several concurrent waiters,
+/// and the kube-runtime controller already waits on the StatefulSet cache before any reconcile
+/// runs.
 async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
     let synced = futures::try_join!(
-        caches.stateful_pods.wait_until_ready(),
-        caches.drain_pods.wait_until_ready(),
-        caches.claims.wait_until_ready(),
+        caches
+            .stateful_pods
+            .wait_until_ready()
+            .map(|r| r.map_err(|_| ())),
+        caches
+            .drain_pods
+            .wait_until_ready()
+            .map(|r| r.map_err(|_| ())),
+        caches.claims.wait_until_ready().map(|r| r.map_err(|_| ())),
     );
     if synced.is_ok() {
         info!("watch caches synced");
@@ -211,12 +219,6 @@ fn set_fingerprint<K: Resource>(set: &K) -> u64 {
     ))
 }
 
-/// What of a stateful pod can change a decision: that it exists, and whether it is going.
-fn stateful_pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {
-    let m = &pod.metadata;
-    watch::fingerprint((&m.uid, m.deletion_timestamp.is_some()))
-}
-
 /// What of a drain pod can change a decision: everything the planner sees but its
 /// resourceVersion, and whose it is.
 fn drain_pod_fingerprint(pod: &Pod) -> u64 {
@@ -242,12 +244,6 @@ fn drain_pod_fingerprint(pod: &Pod) -> u64 {
     ))
 }
 
-/// What of a claim can change a decision: that it exists, whether it is going, our annotations.
-fn claim_fingerprint(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> u64 {
-    let m = &claim.metadata;
-    watch::fingerprint((&m.uid, m.deletion_timestamp.is_some(), &m.annotations))
-}
-
 fn drain_pod_sets(pod: &Pod) -> Vec<SetKey> {
     let ns = pod.namespace().unwrap_or_default();
     pod.labels()
@@ -256,36 +252,11 @@ fn drain_pod_sets(pod: &Pod) -> Vec<SetKey> {
         .unwrap_or_default()
 }
 
-fn claim_sets(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> Vec<SetKey> {
-    let ns = claim.metadata.namespace.clone().unwrap_or_default();
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
+fn claim_sets(ns: &str, name: &str) -> Vec<SetKey> {
     observe::claim_set_candidates(name)
         .into_iter()
-        .map(|set| (ns.clone(), set.to_owned()))
+        .map(|set| (ns.to_owned(), set.to_owned()))
         .collect()
-}
-
-/// Keeps name, namespace, UID, deletion timestamp and owners of a stateful pod.
-fn slim_pod_meta(pod: &mut PartialObjectMeta<Pod>) {
-    let m = &mut pod.metadata;
-    m.managed_fields = None;
-    m.annotations = None;
-    m.labels = None;
-}
-
-/// Keeps name, namespace, UID, deletion timestamp and the drain record of a claim.
-fn slim_claim(claim: &mut PartialObjectMeta<PersistentVolumeClaim>) {
-    let m = &mut claim.metadata;
-    m.managed_fields = None;
-    m.labels = None;
-    m.owner_references = None;
-    m.finalizers = None;
-    if let Some(a) = m.annotations.as_mut() {
-        a.retain(|k, _| claim_annotations::ALL.contains(&k.as_str()));
-        if a.is_empty() {
-            m.annotations = None;
-        }
-    }
 }
 
 fn slim_drain_pod(pod: &mut Pod) {
@@ -679,43 +650,34 @@ pub async fn run(
         },
     );
 
-    let (stateful_pods, sp_writer) = reflector::store();
+    let stateful_pods = Cache::default();
     let gone = Arc::clone(&telemetry.metrics);
-    let sp_stream = watch::changes(
+    let sp_stream = stateful_pods.changes(
         watcher(
             api::<PartialObjectMeta<Pod>>(&client, ns),
             wc.clone().labels(labels::STATEFUL_POD_NAME),
         )
         .default_backoff()
-        .modify(slim_pod_meta)
         .inspect_ok(move |event| {
             // For the reaction-time histogram: when a stateful pod disappeared.
             if let watcher::Event::Delete(pod) = event {
                 gone.pod_gone(&pod.namespace().unwrap_or_default(), &pod.name_any());
             }
-        })
-        .reflect(sp_writer),
-        Filter {
-            fingerprint: stateful_pod_fingerprint,
-            sets: |_| Vec::new(),
-            index: None,
-        },
+        }),
+        None,
     );
 
-    let (claims, claims_writer) = reflector::store();
-    let claim_stream = watch::changes(
+    let claims = Cache::default();
+    let claim_stream = claims.changes(
         watcher(
             api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
             wc.clone(),
         )
-        .default_backoff()
-        .modify(slim_claim)
-        .reflect(claims_writer),
-        Filter {
-            fingerprint: claim_fingerprint,
+        .default_backoff(),
+        Some(Indexed {
             sets: claim_sets,
-            index: Some(claim_index.clone()),
-        },
+            index: claim_index.clone(),
+        }),
     );
 
     let reporter = Reporter {
@@ -1070,7 +1032,7 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
         .claim_index
         .names(&ns, &name)
         .iter()
-        .filter_map(|c| ctx.claims.get(&ObjectRef::new(c).within(&ns)))
+        .filter_map(|c| Some(ctx.claims.get(&ns, c)?.meta(&ns, c)))
         .collect();
     let drain_pods: Vec<_> = ctx
         .drain_pod_index
@@ -1081,20 +1043,20 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
     let templates = observe::claim_templates(set);
     let others: Vec<_> = claims
         .iter()
-        .filter_map(|c| observe::parse_claim_name(c.metadata.name.as_deref()?, &name, &templates))
+        .filter_map(|c| observe::parse_claim_name(c.name.as_deref()?, &name, &templates))
         .map(|(_, o)| o)
         .collect::<std::collections::BTreeSet<i32>>()
         .iter()
         .filter_map(|o| {
-            ctx.stateful_pods
-                .get(&ObjectRef::new(&names::pod_name(&name, *o)).within(&ns))
+            let pod = names::pod_name(&name, *o);
+            Some(ctx.stateful_pods.get(&ns, &pod)?.meta(&ns, &pod))
         })
         .collect();
     let mut snap = observe::snapshot(
         set,
-        claims.iter().map(|c| &c.metadata),
+        claims.iter(),
         drain_pods.iter().map(|p| p.as_ref()),
-        others.iter().map(|p| &p.metadata),
+        others.iter(),
     );
     if only_in_flight {
         // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.

@@ -15,6 +15,7 @@ pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
 pub mod leader;
+pub mod meta_cache;
 pub mod metrics;
 pub mod observe;
 pub mod plan;

@@ -28,14 +28,14 @@ impl Index {
             .unwrap_or_default()
     }
 
-    fn insert(&self, sets: &[SetKey], name: &str) {
+    pub(crate) fn insert(&self, sets: &[SetKey], name: &str) {
         let mut map = self.0.write().expect("index lock");
         for set in sets {
             map.entry(set.clone()).or_default().insert(name.to_owned());
         }
     }
 
-    fn remove(&self, sets: &[SetKey], name: &str) {
+    pub(crate) fn remove(&self, sets: &[SetKey], name: &str) {
         let mut map = self.0.write().expect("index lock");
         for set in sets {
             if let Some(names) = map.get_mut(set) {

@@ -252,6 +252,8 @@ pub struct ControllerProcess {
     child: std::process::Child,
     /// Where its log goes.
     pub log: PathBuf,
+    /// How long the log was when this process started (earlier runs' lines come before).
+    log_start: usize,
 }
 
 impl ControllerProcess {
@@ -314,6 +316,7 @@ impl ControllerProcess {
             .append(true)
             .open(&log)
             .expect("log");
+        let log_start = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
         let child = std::process::Command::new(bin)
             .args([
                 "--namespace",
@@ -333,16 +336,21 @@ impl ControllerProcess {
             .stderr(out)
             .spawn()
             .expect("start the controller");
-        Self { child, log }
+        Self {
+            child,
+            log,
+            log_start,
+        }
     }
 
     /// The base URL of its admin server (`http://127.0.0.1:<port>`), read from its log.
     pub fn admin_url(&self) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            // The last start in the log (it is appended to across runs).
-            if let Some(line) = text
+            let text = std::fs::read(&self.log).unwrap_or_default();
+            // This process's start (the log is appended to across runs).
+            let own = String::from_utf8_lossy(text.get(self.log_start..).unwrap_or_default());
+            if let Some(line) = own
                 .lines()
                 .rev()
                 .find(|l| l.contains("admin server listening"))

@@ -2,7 +2,19 @@
 //! fingerprints.
 
 use super::*;
+use crate::meta_cache::Compact;
+use drain_api::claim_annotations;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// A stateful pod's cached entry, as a fingerprint: what passes its watch on.
+fn stateful_pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {
+    watch::fingerprint(format!("{:?}", pod.entry()))
+}
+
+/// A claim's cached entry, as a fingerprint: what passes its watch on.
+fn claim_fingerprint(claim: &PartialObjectMeta<PersistentVolumeClaim>) -> u64 {
+    watch::fingerprint(format!("{:?}", claim.entry()))
+}
 
 /// A failure as the API server sends it.
 fn api_error(code: u16, message: &str, cause_field: Option<&str>) -> kube::Error {
@@ -401,6 +413,11 @@ fn claim_fingerprint_follows_identity_deletion_and_annotations() {
                     annotate(&mut c.metadata, claim_annotations::APPROVED, "true");
                 },
                 true,
+            ),
+            (
+                "someone else's annotation",
+                |c| annotate(&mut c.metadata, "note", "x"),
+                false,
             ),
             (
                 "deletion timestamp",

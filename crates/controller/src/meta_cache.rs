@@ -1,0 +1,493 @@
+//! Compact caches of the stateful pods and the claims: per namespace and name, only the fields
+//! reconciling reads.
+//!
+//! The controller must see every stateful pod and claim go, and neither a pod's labels nor a
+//! claim's name tell whether its set opted in, so it watches all of them (metadata only). A
+//! cluster holds tens of thousands, nearly all of sets that never opted in. A kube-runtime
+//! reflector store would keep each as a whole `PartialObjectMeta` (an `ObjectMeta` of about
+//! 400 bytes before its strings) under a key that copies its name, namespace, UID and
+//! resourceVersion again, plus a fingerprint map keyed by name again. These caches keep one
+//! small entry per object (its name, UID, deletion timestamp and, for claims, our drain
+//! record annotations), and the entry itself is what tells a change that matters from one
+//! that does not.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use drain_api::claim_annotations;
+use futures::{Stream, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::ObjectMeta;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher;
+
+use crate::watch::{Index, SetKey};
+
+/// An object whose cached entry is compact.
+pub trait Compact {
+    /// What is kept of one object; equal entries mean no change that matters.
+    type Entry: Clone + PartialEq + Send + Sync + 'static;
+
+    /// The object's namespace and name.
+    fn key(&self) -> (&str, &str);
+
+    /// What is kept of the object.
+    fn entry(&self) -> Self::Entry;
+}
+
+/// What is kept of a stateful pod: whether it exists (its UID) and whether it is going.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEntry {
+    /// The pod's UID.
+    pub uid: Box<str>,
+    /// Its deletion timestamp, once it is being deleted.
+    pub deletion: Option<Time>,
+}
+
+/// What is kept of a claim: its UID, whether it is going, and the annotations of ours on it
+/// (its drain record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimEntry {
+    /// The claim's UID.
+    pub uid: Box<str>,
+    /// Its deletion timestamp, once it is being deleted.
+    pub deletion: Option<Time>,
+    /// Our annotations on it (none on most claims).
+    pub annotations: Option<Box<BTreeMap<String, String>>>,
+}
+
+fn key_of(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+impl Compact for PartialObjectMeta<Pod> {
+    type Entry = PodEntry;
+
+    fn key(&self) -> (&str, &str) {
+        key_of(&self.metadata)
+    }
+
+    fn entry(&self) -> PodEntry {
+        PodEntry {
+            uid: self.metadata.uid.as_deref().unwrap_or_default().into(),
+            deletion: self.metadata.deletion_timestamp.clone(),
+        }
+    }
+}
+
+impl Compact for PartialObjectMeta<PersistentVolumeClaim> {
+    type Entry = ClaimEntry;
+
+    fn key(&self) -> (&str, &str) {
+        key_of(&self.metadata)
+    }
+
+    fn entry(&self) -> ClaimEntry {
+        let ours: BTreeMap<String, String> = self
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| claim_annotations::ALL.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        ClaimEntry {
+            uid: self.metadata.uid.as_deref().unwrap_or_default().into(),
+            deletion: self.metadata.deletion_timestamp.clone(),
+            annotations: (!ours.is_empty()).then(|| Box::new(ours)),
+        }
+    }
+}
+
+impl PodEntry {
+    /// The metadata the observers read, rebuilt for one pod.
+    pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(self.uid.to_string()),
+            deletion_timestamp: self.deletion.clone(),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+impl ClaimEntry {
+    /// The metadata the observers read, rebuilt for one claim.
+    pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(self.uid.to_string()),
+            deletion_timestamp: self.deletion.clone(),
+            annotations: self.annotations.as_deref().cloned(),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+struct Slot<E> {
+    entry: E,
+    /// The list (see [`Inner::epoch`]) that last saw the object.
+    epoch: u32,
+}
+
+struct Inner<E> {
+    by_namespace: HashMap<Box<str>, HashMap<Box<str>, Slot<E>>>,
+    /// Counts the watch's (re)lists: at the end of one, the objects it did not list are gone.
+    epoch: u32,
+}
+
+/// A compact cache of one kind of object, filled by [`Cache::changes`].
+pub struct Cache<E> {
+    inner: Arc<RwLock<Inner<E>>>,
+    synced: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl<E> Clone for Cache<E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            synced: Arc::clone(&self.synced),
+        }
+    }
+}
+
+impl<E> Default for Cache<E> {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(RwLock::new(Inner {
+                by_namespace: HashMap::new(),
+                epoch: 0,
+            })),
+            synced: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+}
+
+/// The watch feeding a cache ended before its first list completed.
+#[derive(Debug, thiserror::Error)]
+#[error("the watch stopped before its cache synced")]
+pub struct Stopped;
+
+/// How a cache keeps an [`Index`] of its objects by the sets they may belong to.
+#[derive(Clone)]
+pub struct Indexed {
+    /// The sets an object (by namespace and name) may belong to.
+    pub sets: fn(&str, &str) -> Vec<SetKey>,
+    /// The index to keep.
+    pub index: Index,
+}
+
+impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
+    /// The entry of the object `name` in `namespace`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<E> {
+        let inner = self.inner.read().expect("cache lock");
+        inner
+            .by_namespace
+            .get(namespace)?
+            .get(name)
+            .map(|s| s.entry.clone())
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        let inner = self.inner.read().expect("cache lock");
+        inner.by_namespace.values().map(HashMap::len).sum()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once the first list has been cached whole.
+    pub async fn wait_until_ready(&self) -> Result<(), Stopped> {
+        let mut synced = self.synced.subscribe();
+        synced
+            .wait_for(|s| *s)
+            .await
+            .map(|_| ())
+            .map_err(|_| Stopped)
+    }
+
+    /// Stores `entry`; whether it differs from what was cached.
+    fn upsert(&self, namespace: &str, name: &str, entry: E) -> bool {
+        let mut inner = self.inner.write().expect("cache lock");
+        let epoch = inner.epoch;
+        let names = match inner.by_namespace.get_mut(namespace) {
+            Some(names) => names,
+            None => inner.by_namespace.entry(namespace.into()).or_default(),
+        };
+        match names.get_mut(name) {
+            Some(slot) => {
+                slot.epoch = epoch;
+                if slot.entry == entry {
+                    false
+                } else {
+                    slot.entry = entry;
+                    true
+                }
+            }
+            None => {
+                names.insert(name.into(), Slot { entry, epoch });
+                true
+            }
+        }
+    }
+
+    fn remove(&self, namespace: &str, name: &str) {
+        let mut inner = self.inner.write().expect("cache lock");
+        if let Some(names) = inner.by_namespace.get_mut(namespace) {
+            names.remove(name);
+            if names.is_empty() {
+                inner.by_namespace.remove(namespace);
+            }
+        }
+    }
+
+    /// A (re)list starts: what it does not list is forgotten when it ends.
+    fn list_started(&self) {
+        let mut inner = self.inner.write().expect("cache lock");
+        inner.epoch = inner.epoch.wrapping_add(1);
+    }
+
+    /// A (re)list ended: forgets the objects it did not list (deleted while the watch was
+    /// down; their sets are looked at again by the periodic resync), and returns them.
+    fn list_done(&self) -> Vec<(String, String)> {
+        let mut gone = Vec::new();
+        {
+            let mut inner = self.inner.write().expect("cache lock");
+            let epoch = inner.epoch;
+            inner.by_namespace.retain(|ns, names| {
+                names.retain(|name, slot| {
+                    let listed = slot.epoch == epoch;
+                    if !listed {
+                        gone.push((ns.to_string(), name.to_string()));
+                    }
+                    listed
+                });
+                !names.is_empty()
+            });
+            for names in inner.by_namespace.values_mut() {
+                names.shrink_to_fit();
+            }
+            inner.by_namespace.shrink_to_fit();
+        }
+        self.synced.send_replace(true);
+        gone
+    }
+
+    /// The objects to pass on for one watch event: those whose entry changed, and every
+    /// deleted one.
+    fn on<K: Compact<Entry = E>>(
+        &self,
+        event: watcher::Event<K>,
+        indexed: Option<&Indexed>,
+    ) -> Option<K> {
+        match event {
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                let (ns, name) = obj.key();
+                if let Some(i) = indexed {
+                    i.index.insert(&(i.sets)(ns, name), name);
+                }
+                self.upsert(ns, name, obj.entry()).then_some(obj)
+            }
+            watcher::Event::Delete(obj) => {
+                let (ns, name) = obj.key();
+                self.remove(ns, name);
+                if let Some(i) = indexed {
+                    i.index.remove(&(i.sets)(ns, name), name);
+                }
+                Some(obj)
+            }
+            watcher::Event::Init => {
+                self.list_started();
+                None
+            }
+            watcher::Event::InitDone => {
+                for (ns, name) in self.list_done() {
+                    if let Some(i) = indexed {
+                        i.index.remove(&(i.sets)(&ns, &name), &name);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Keeps this cache (and `indexed`'s index) from a watch, and passes on the objects whose
+    /// entry changed and every deleted one.
+    pub fn changes<K, S>(
+        &self,
+        events: S,
+        indexed: Option<Indexed>,
+    ) -> impl Stream<Item = Result<K, watcher::Error>> + use<K, S, E>
+    where
+        K: Compact<Entry = E> + Send + 'static,
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    {
+        let cache = self.clone();
+        events
+            .map_ok(move |event| stream::iter(cache.on(event, indexed.as_ref()).map(Ok)))
+            .try_flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, uid: &str, deleting: bool) -> PartialObjectMeta<Pod> {
+        use kube::core::PartialObjectMetaExt;
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("ns".to_owned()),
+            uid: Some(uid.to_owned()),
+            resource_version: Some(format!("{name}{uid}{deleting}")),
+            deletion_timestamp: deleting.then(|| Time("2026-01-01T00:00:00Z".parse().unwrap())),
+            ..ObjectMeta::default()
+        }
+        .into_response_partial()
+    }
+
+    fn claim(name: &str, record: Option<&str>) -> PartialObjectMeta<PersistentVolumeClaim> {
+        use kube::core::PartialObjectMetaExt;
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("ns".to_owned()),
+            uid: Some(format!("uid-{name}")),
+            annotations: record.map(|r| {
+                BTreeMap::from([
+                    (claim_annotations::ATTEMPTS.to_owned(), r.to_owned()),
+                    ("other".to_owned(), "x".to_owned()),
+                ])
+            }),
+            ..ObjectMeta::default()
+        }
+        .into_response_partial()
+    }
+
+    fn passed<K: Compact>(cache: &Cache<K::Entry>, event: watcher::Event<K>) -> bool {
+        cache.on(event, None).is_some()
+    }
+
+    #[test]
+    fn only_changes_that_matter_and_deletions_pass() {
+        let cache = Cache::default();
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod("web-0", "a", false))
+        ));
+        // A new resourceVersion alone (a status update) changes nothing that matters.
+        let mut again = pod("web-0", "a", false);
+        again.metadata.resource_version = Some("later".to_owned());
+        assert!(!passed(&cache, watcher::Event::Apply(again)));
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod("web-0", "a", true))
+        ));
+        assert!(cache.get("ns", "web-0").unwrap().deletion.is_some());
+        // A pod of one name with another UID: a new pod.
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod("web-0", "b", false))
+        ));
+        assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "b");
+        assert!(passed(
+            &cache,
+            watcher::Event::Delete(pod("web-0", "b", false))
+        ));
+        assert_eq!(cache.get("ns", "web-0"), None);
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_claim_passes_when_its_record_changes_and_the_entry_rebuilds_its_metadata() {
+        let cache = Cache::default();
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(claim("data-web-1", None))
+        ));
+        assert!(!passed(
+            &cache,
+            watcher::Event::Apply(claim("data-web-1", None))
+        ));
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(claim("data-web-1", Some("1")))
+        ));
+        assert!(!passed(
+            &cache,
+            watcher::Event::Apply(claim("data-web-1", Some("1")))
+        ));
+        let meta = cache
+            .get("ns", "data-web-1")
+            .unwrap()
+            .meta("ns", "data-web-1");
+        assert_eq!(meta.uid.as_deref(), Some("uid-data-web-1"));
+        // Only our annotations are kept.
+        let ours = BTreeMap::from([(claim_annotations::ATTEMPTS.to_owned(), "1".to_owned())]);
+        assert_eq!(meta.annotations, Some(ours));
+        assert_eq!(meta.name.as_deref(), Some("data-web-1"));
+        // Annotations of others alone are kept as none: the same entry.
+        let mut others = claim("data-web-2", None);
+        others.metadata.annotations = Some(BTreeMap::from([("a".to_owned(), "b".to_owned())]));
+        assert_eq!(others.entry(), claim("data-web-2", None).entry());
+    }
+
+    #[tokio::test]
+    async fn a_relist_forgets_what_it_did_not_list_and_unindexes_it() {
+        let cache = Cache::default();
+        let indexed = Indexed {
+            sets: |ns, name| {
+                vec![(
+                    ns.to_owned(),
+                    name.split('-').nth(1).unwrap_or_default().to_owned(),
+                )]
+            },
+            index: Index::default(),
+        };
+        let on = |e| cache.on(e, Some(&indexed)).is_some();
+        assert!(!on(watcher::Event::Init));
+        assert!(on(watcher::Event::InitApply(claim("data-web-0", None))));
+        assert!(on(watcher::Event::InitApply(claim("data-web-1", None))));
+        assert!(!on(watcher::Event::InitDone));
+        cache.wait_until_ready().await.unwrap();
+        assert_eq!(indexed.index.names("ns", "web").len(), 2);
+        // The watch is down while data-web-1 is deleted; the relist does not list it.
+        assert!(!on(watcher::Event::Init));
+        assert!(!on(watcher::Event::InitApply(claim("data-web-0", None))));
+        // Until the relist ends, the cache still answers with what it had.
+        assert!(cache.get("ns", "data-web-1").is_some());
+        assert!(!on(watcher::Event::InitDone));
+        assert!(cache.get("ns", "data-web-1").is_none());
+        assert!(cache.get("ns", "data-web-0").is_some());
+        assert_eq!(
+            indexed.index.names("ns", "web"),
+            vec!["data-web-0".to_owned()]
+        );
+        // It comes back: it passes again.
+        assert!(on(watcher::Event::Apply(claim("data-web-1", None))));
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn not_ready_until_the_first_list_is_cached() {
+        let cache: Cache<PodEntry> = Cache::default();
+        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::Init, None);
+        cache.on(watcher::Event::InitApply(pod("web-0", "a", false)), None);
+        let early = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            cache.wait_until_ready(),
+        )
+        .await;
+        assert!(early.is_err(), "ready before the list was done");
+        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::InitDone, None);
+        cache.wait_until_ready().await.unwrap();
+    }
+}
