@@ -920,7 +920,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
         let name = self.set.name.clone().unwrap_or_default();
-        let result = self.sets.get_opt(&name).await;
+        // Both reads at once: each is a round trip before the drain pod's create.
+        let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
+            match &self.twin {
+                Some(twin) => twin.exists(&name, self.metrics).await,
+                None => Ok(false),
+            }
+        });
         self.metrics.request("get", "statefulsets", &result);
         let Some(set) = result? else {
             return Ok(false);
@@ -932,10 +938,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         if wants(&set, ordinal) {
             return Ok(false);
         }
-        match &self.twin {
-            Some(twin) => Ok(!twin.exists(&name, self.metrics).await?),
-            None => Ok(true),
-        }
+        Ok(!twin?)
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -1022,6 +1025,24 @@ async fn report<K: ServedSet>(
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(source) => Err(Error::PatchStatus { name, source }),
     }
+}
+
+/// The errors of the set's last report on the ordinals `actions` act on again: kept in the
+/// status written alongside the actions, so an action that keeps failing does not clear and
+/// re-add its error on every try (errors of ordinals with no action left are cleared).
+fn errors_kept(set: &StatefulSet, actions: &[plan::Action]) -> BTreeMap<i32, String> {
+    let Some(last) = set
+        .annotations()
+        .get(annotations::STATUS)
+        .and_then(|s| StatusReport::parse(s))
+    else {
+        return BTreeMap::new();
+    };
+    last.errors
+        .into_iter()
+        .filter_map(|(o, e)| Some((o.parse::<i32>().ok()?, e)))
+        .filter(|(o, _)| actions.iter().any(|a| a.ordinal() == *o))
+        .collect()
 }
 
 /// Reads one set's snapshot from the caches, through the per-set indexes.
@@ -1182,11 +1203,20 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         if ctx.config.dry_run {
             return dry_run::<K>(&ctx, &set, &set_ref, &act_ctx, &plan, problem).await;
         }
-        let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
+        // The status is written alongside the actions, not after them: a reconcile holds up the
+        // next one of its set (pods that go meanwhile wait), so it lasts as few round trips as
+        // it can. It says what the plan expects, keeping the last errors of the ordinals acted on
+        // again; if an action fails, the errors are written once the actions are done.
+        let expected = StatusReport::of(&plan.status, problem.clone(), &errors_kept(&set, &plan.actions));
+        let (failed, early) = futures::join!(
+            act::apply(&cluster, &act_ctx, &plan.actions),
+            report::<K>(&ctx, &set, &expected),
+        );
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());
         }
+        early?;
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
@@ -1196,8 +1226,12 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         let failed_ordinals = errors.keys().copied().collect();
         ctx.metrics.record_reconcile(&ns, &name, &plan, &snap, &failed_ordinals);
 
-        // report
-        report::<K>(&ctx, &set, &StatusReport::of(&plan.status, problem, &errors)).await?;
+        // report: only if the outcome differs from what was written alongside the actions
+        let outcome = StatusReport::of(&plan.status, problem, &errors);
+        if outcome != expected {
+            let written = ctx.written.overlay(&set).unwrap_or_else(|| set.as_ref().clone());
+            report::<K>(&ctx, &written, &outcome).await?;
+        }
         if let Some((_, first)) = failed.into_iter().next() {
             return Err(Error::Act { count: errors.len(), first });
         }

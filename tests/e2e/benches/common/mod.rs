@@ -217,6 +217,55 @@ impl Watches {
         Ok(baseline)
     }
 
+    /// Runs `work` while timing the bare watch latency alongside it: a ConfigMap created every
+    /// 100 ms until `work` ends, each timed from its create request sent to its Added event.
+    /// The baseline under the same load as `work` (the node starting and stopping pods).
+    pub async fn baseline_during<T>(
+        &mut self,
+        ns: &TestNamespace,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<(T, Vec<Duration>)> {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let cms: Api<ConfigMap> = ns.api();
+        let probes = &mut self.probes;
+        let probing = async {
+            let mut samples = Vec::new();
+            let mut i = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("probe-during-{i}");
+                i += 1;
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                };
+                let sent = Instant::now();
+                cms.create(&PostParams::default(), &cm).await?;
+                loop {
+                    let (got, at) = tokio::time::timeout(Duration::from_secs(10), probes.recv())
+                        .await
+                        .context("watch event of a ConfigMap")?
+                        .context("watch ended")?;
+                    if got == name {
+                        samples.push(at - sent);
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(samples)
+        };
+        let work = async {
+            let result = work.await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            result
+        };
+        let (result, samples) = tokio::join!(work, probing);
+        Ok((result?, samples?))
+    }
+
     /// Stops the watches.
     pub fn stop(&self) {
         for t in &self.tasks {
