@@ -803,6 +803,10 @@ struct KubeCluster<'a, K> {
     set: ObjectReference,
     metrics: &'a Metrics,
     leadership: &'a Leadership,
+    /// The live reads before a drain pod's create (the set; whether a set of the other kind
+    /// has its name), made once per act phase: a scale-down by several ordinals creates their
+    /// drain pods at once, and one read serves them all (a failed read is not kept).
+    live: tokio::sync::OnceCell<(Option<K>, bool)>,
 }
 
 fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
@@ -920,25 +924,31 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
         let name = self.set.name.clone().unwrap_or_default();
-        // Both reads at once: each is a round trip before the drain pod's create.
-        let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
-            match &self.twin {
-                Some(twin) => twin.exists(&name, self.metrics).await,
-                None => Ok(false),
-            }
-        });
-        self.metrics.request("get", "statefulsets", &result);
-        let Some(set) = result? else {
+        let (set, twin) = self
+            .live
+            .get_or_try_init(|| async {
+                // Both reads at once: each is a round trip before the drain pod's create.
+                let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
+                    match &self.twin {
+                        Some(twin) => twin.exists(&name, self.metrics).await,
+                        None => Ok(false),
+                    }
+                });
+                self.metrics.request("get", "statefulsets", &result);
+                Ok::<_, kube::Error>((result?, twin?))
+            })
+            .await?;
+        let Some(set) = set else {
             return Ok(false);
         };
         if set.meta().uid != self.set.uid || set.meta().deletion_timestamp.is_some() {
             return Ok(false);
         }
         // Membership that cannot be read is never taken for a scale-down.
-        if wants(&set, ordinal) {
+        if wants(set, ordinal) {
             return Ok(false);
         }
-        Ok(!twin?)
+        Ok(!twin)
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -1193,6 +1203,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             set: set_ref.clone(),
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,
+            live: tokio::sync::OnceCell::new(),
         };
         let act_ctx = ActCtx {
             set_name: &name,
