@@ -103,16 +103,21 @@ impl Compact for PartialObjectMeta<PersistentVolumeClaim> {
     }
 }
 
+/// The metadata the observers read, rebuilt from what an entry keeps.
+fn rebuilt(namespace: &str, name: &str, uid: &str, deletion: Option<&Time>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        uid: Some(uid.to_owned()),
+        deletion_timestamp: deletion.cloned(),
+        ..ObjectMeta::default()
+    }
+}
+
 impl PodEntry {
     /// The metadata the observers read, rebuilt for one pod.
     pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            uid: Some(self.uid.to_string()),
-            deletion_timestamp: self.deletion.clone(),
-            ..ObjectMeta::default()
-        }
+        rebuilt(namespace, name, &self.uid, self.deletion.as_ref())
     }
 }
 
@@ -120,12 +125,8 @@ impl ClaimEntry {
     /// The metadata the observers read, rebuilt for one claim.
     pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
         ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            uid: Some(self.uid.to_string()),
-            deletion_timestamp: self.deletion.clone(),
             annotations: self.annotations.as_deref().cloned(),
-            ..ObjectMeta::default()
+            ..rebuilt(namespace, name, &self.uid, self.deletion.as_ref())
         }
     }
 }

@@ -193,33 +193,14 @@ impl Watches {
         let cms: Api<ConfigMap> = ns.api();
         let mut baseline = Vec::new();
         for i in 0..n {
-            let name = format!("probe-{i}");
-            let cm = ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    ..ObjectMeta::default()
-                },
-                ..ConfigMap::default()
-            };
-            let sent = Instant::now();
-            cms.create(&PostParams::default(), &cm).await?;
-            loop {
-                let (got, at) = tokio::time::timeout(Duration::from_secs(10), self.probes.recv())
-                    .await
-                    .context("watch event of a ConfigMap")?
-                    .context("watch ended")?;
-                if got == name {
-                    baseline.push(at - sent);
-                    break;
-                }
-            }
+            baseline.push(probe(&cms, &mut self.probes, &format!("probe-{i}")).await?);
         }
         Ok(baseline)
     }
 
     /// Runs `work` while timing the bare watch latency alongside it: a ConfigMap created every
-    /// 100 ms until `work` ends, each timed from its create request sent to its Added event.
-    /// The baseline under the same load as `work` (the node starting and stopping pods).
+    /// 100 ms until `work` ends, each timed like [`baseline`](Self::baseline). The baseline
+    /// under the same load as `work` (the node starting and stopping pods).
     pub async fn baseline_during<T>(
         &mut self,
         ns: &TestNamespace,
@@ -232,27 +213,8 @@ impl Watches {
             let mut samples = Vec::new();
             let mut i = 0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                let name = format!("probe-during-{i}");
+                samples.push(probe(&cms, probes, &format!("probe-during-{i}")).await?);
                 i += 1;
-                let cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                };
-                let sent = Instant::now();
-                cms.create(&PostParams::default(), &cm).await?;
-                loop {
-                    let (got, at) = tokio::time::timeout(Duration::from_secs(10), probes.recv())
-                        .await
-                        .context("watch event of a ConfigMap")?
-                        .context("watch ended")?;
-                    if got == name {
-                        samples.push(at - sent);
-                        break;
-                    }
-                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             anyhow::Ok(samples)
@@ -277,6 +239,33 @@ impl Watches {
 impl Drop for Watches {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// One probe of the bare watch latency: the ConfigMap `name` created, timed from its create
+/// request sent to its Added event on `probes`.
+async fn probe(
+    cms: &Api<ConfigMap>,
+    probes: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>,
+    name: &str,
+) -> Result<Duration> {
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    let sent = Instant::now();
+    cms.create(&PostParams::default(), &cm).await?;
+    loop {
+        let (got, at) = tokio::time::timeout(Duration::from_secs(10), probes.recv())
+            .await
+            .context("watch event of a ConfigMap")?
+            .context("watch ended")?;
+        if got == name {
+            return Ok(at - sent);
+        }
     }
 }
 
