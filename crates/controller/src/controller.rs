@@ -32,7 +32,7 @@ use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::metrics::Metrics;
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
-use crate::status_memo::StatusMemo;
+use crate::status_writer::{Patcher, StatusWriter, Target};
 use crate::validate::{self, Flags};
 use crate::watch::{self, Filter, Index, SetKey};
 use crate::{observe, plan};
@@ -90,15 +90,6 @@ pub enum Error {
         #[source]
         first: ActError,
     },
-    /// Writing the status annotation failed.
-    #[error("failed to write the drain status of statefulset {name}")]
-    PatchStatus {
-        /// Set name.
-        name: String,
-        /// Cause.
-        #[source]
-        source: kube::Error,
-    },
 }
 
 impl Error {
@@ -107,7 +98,6 @@ impl Error {
         match self {
             Self::CachesStopped => "CachesStopped",
             Self::Act { first, .. } => first.reason(),
-            Self::PatchStatus { .. } => "PatchStatusFailed",
         }
     }
 }
@@ -123,8 +113,9 @@ pub struct Context {
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<SetId, u32>>,
-    /// The status last written per set, for reads from a cache that has not caught up yet.
-    written: StatusMemo,
+    /// Writes the status in the background, and shows the status last wanted or written per set
+    /// to reads from a cache that has not caught up yet.
+    status: StatusWriter,
     /// Under `--dry-run`: a fingerprint of the Events last published per set, so an unchanged
     /// plan is not reported again.
     dry_run_reported: Mutex<HashMap<SetId, u64>>,
@@ -697,11 +688,16 @@ pub async fn run(
     // change is routed to the sets of either kind it concerns.
     let (sets, set_stream) = set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone());
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
+    let status = StatusWriter::new(
+        status_patcher(client.clone(), Arc::clone(&telemetry.metrics)),
+        config.leadership.clone(),
+        Arc::clone(&telemetry.metrics),
+        (config.flags.retry_base, config.flags.retry_max),
+    );
     let ctx = Arc::new(Context {
         sets: sets.clone(),
         advanced: Arc::clone(&advanced_sets),
         recorder: Recorder::new(client.clone(), reporter),
-        client,
         stateful_pods,
         drain_pods,
         claims,
@@ -709,10 +705,11 @@ pub async fn run(
         claim_index,
         config,
         failures: Mutex::default(),
-        written: StatusMemo::default(),
+        status,
         dry_run_reported: Mutex::default(),
         metrics: telemetry.metrics,
         ready,
+        client,
     });
 
     let (to_sets, set_triggers) = mpsc::unbounded_channel();
@@ -1006,35 +1003,45 @@ fn publish(
     });
 }
 
-/// Writes the status annotation on the set when it changed (removes it when there is nothing
-/// to report).
-async fn report<K: ServedSet>(
-    ctx: &Context,
-    set: &StatefulSet,
-    report: &StatusReport,
-) -> Result<(), Error> {
-    let name = set.name_any();
-    let current = set.annotations().get(annotations::STATUS);
-    let wanted = (report != &StatusReport::default()).then(|| report.render());
-    if current == wanted.as_ref() || !ctx.config.leadership.is_leading() {
-        return Ok(());
-    }
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
-    let patch = json!({"metadata": {"annotations": {annotations::STATUS: wanted}}});
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    let result = api.patch(&name, &pp, &Patch::Merge(patch)).await;
-    ctx.metrics.request("patch", "statefulsets", &result);
-    match result {
-        Ok(patched) => {
-            ctx.written.remember(&patched.to_statefulset());
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(source) => Err(Error::PatchStatus { name, source }),
-    }
+/// Patches the status annotation of a set (`None`: removes it), with the set's UID as a
+/// precondition: `Ok(None)` when the set is gone or was replaced.
+fn status_patcher(client: Client, metrics: Arc<Metrics>) -> Patcher {
+    Arc::new(move |target: Target, status: Option<String>| {
+        let (client, metrics) = (client.clone(), Arc::clone(&metrics));
+        Box::pin(async move {
+            let patch = Patch::Merge(json!({"metadata": {
+                "uid": target.uid,
+                "annotations": {annotations::STATUS: status},
+            }}));
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            };
+            let result = match target.kind {
+                SetKind::StatefulSet => Api::<StatefulSet>::namespaced(client, &target.namespace)
+                    .patch(&target.name, &pp, &patch)
+                    .await
+                    .map(|s| s.to_statefulset()),
+                SetKind::Advanced => {
+                    Api::<AdvancedStatefulSet>::namespaced(client, &target.namespace)
+                        .patch(&target.name, &pp, &patch)
+                        .await
+                        .map(|s| s.to_statefulset())
+                }
+            };
+            metrics.request("patch", "statefulsets", &result);
+            match result {
+                Ok(patched) => Ok(Some(patched)),
+                Err(e) if gone_or_replaced(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    })
+}
+
+/// The status annotation `report` renders to (`None`: nothing to report).
+fn rendered(report: &StatusReport) -> Option<String> {
+    (report != &StatusReport::default()).then(|| report.render())
 }
 
 /// The errors of the set's last report on the ordinals `actions` act on again: kept in the
@@ -1123,7 +1130,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         if set.metadata.deletion_timestamp.is_some() {
             // Being deleted: drain pods go with the set (garbage collector), claims stay.
             debug!("statefulset is being deleted; leaving it alone");
-            ctx.written.forget(&set);
+            ctx.status.forget(&set);
             return Ok(Requeue::await_change());
         }
         if !ctx.config.leadership.is_leading() {
@@ -1132,7 +1139,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             return Ok(Requeue::await_change());
         }
         // Read our own last status write even if the cache has not seen it yet.
-        let set = match ctx.written.overlay(&set) {
+        let set = match ctx.status.overlay(&set) {
             Some(fresher) => Arc::new(fresher),
             None => set,
         };
@@ -1214,20 +1221,18 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         if ctx.config.dry_run {
             return dry_run::<K>(&ctx, &set, &set_ref, &act_ctx, &plan, problem).await;
         }
-        // The status is written alongside the actions, not after them: a reconcile holds up the
-        // next one of its set (pods that go meanwhile wait), so it lasts as few round trips as
-        // it can. It says what the plan expects, keeping the last errors of the ordinals acted on
-        // again; if an action fails, the errors are written once the actions are done.
+        // The status is handed to the writer before the actions, and written in the background
+        // (`status_writer`): a reconcile holds up the next one of its set (pods that go
+        // meanwhile wait), so it lasts only as long as its actions. It says what the plan
+        // expects, keeping the last errors of the ordinals acted on again; if an action fails,
+        // the errors are handed in once the actions are done.
         let expected = StatusReport::of(&plan.status, problem.clone(), &errors_kept(&set, &plan.actions));
-        let (failed, early) = futures::join!(
-            act::apply(&cluster, &act_ctx, &plan.actions),
-            report::<K>(&ctx, &set, &expected),
-        );
+        ctx.status.submit(K::KIND, &set, rendered(&expected));
+        let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());
         }
-        early?;
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
@@ -1237,11 +1242,10 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         let failed_ordinals = errors.keys().copied().collect();
         ctx.metrics.record_reconcile(&ns, &name, &plan, &snap, &failed_ordinals);
 
-        // report: only if the outcome differs from what was written alongside the actions
+        // report: only if the outcome differs from what was handed in before the actions
         let outcome = StatusReport::of(&plan.status, problem, &errors);
         if outcome != expected {
-            let written = ctx.written.overlay(&set).unwrap_or_else(|| set.as_ref().clone());
-            report::<K>(&ctx, &written, &outcome).await?;
+            ctx.status.submit(K::KIND, &set, rendered(&outcome));
         }
         if let Some((_, first)) = failed.into_iter().next() {
             return Err(Error::Act { count: errors.len(), first });
@@ -1291,7 +1295,7 @@ async fn dry_run<K: ServedSet>(
     let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());
     // Marked only where there is something to report.
     status.dry_run = status != StatusReport::default();
-    report::<K>(ctx, set, &status).await?;
+    ctx.status.submit(K::KIND, set, rendered(&status));
     Ok(Requeue::requeue(
         plan.requeue_after
             .unwrap_or(ctx.config.resync)

@@ -164,6 +164,21 @@ impl Leadership {
         Self::default()
     }
 
+    /// A replica that never acts (elected, but it never holds the lease): for tests.
+    #[cfg(test)]
+    pub fn standby_for_tests() -> Self {
+        let (gained, _) = tokio::sync::watch::channel(0u64);
+        Self {
+            shared: Some(Arc::new(Shared {
+                identity: "standby".to_owned(),
+                renew_deadline: Duration::from_secs(1),
+                inputs: Mutex::default(),
+                changed: tokio::sync::Notify::new(),
+                gained,
+            })),
+        }
+    }
+
     /// Whether this replica may act now (checked right before each write).
     pub fn is_leading(&self) -> bool {
         let Some(s) = &self.shared else { return true };

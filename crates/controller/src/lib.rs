@@ -22,6 +22,7 @@ pub mod plan;
 pub mod set_kind;
 pub mod status;
 pub mod status_memo;
+pub mod status_writer;
 pub mod template;
 pub mod validate;
 pub mod watch;

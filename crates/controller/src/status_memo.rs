@@ -1,15 +1,17 @@
-//! The status annotation this controller last wrote on each set, kept until the watch cache
-//! catches up with it.
+//! The status annotation this controller last wanted or wrote on each set, kept until the watch
+//! cache catches up with it.
 //!
 //! A reconcile reads the set (and the previous status, which carries the `done` ordinals) from
 //! the watch cache. Right after a status patch the cache can still hold the set from before it,
 //! and a reconcile that starts then would plan from the older status and write it back, losing
-//! what the patch recorded (seen in CI: an ordinal's `done` entry vanished). So each patch's
-//! answer is remembered here, and a cached set older than it is read with the remembered status
-//! instead. Resource versions are compared as integers, which Kubernetes guarantees since 1.35
-//! (KEP-5504, comparable resource versions); a version that is not an integer is never taken as
-//! older. This is only a read-your-writes aid: the cluster still holds every bit of state, and a
-//! restarted controller starts with an empty memo.
+//! what the patch recorded (seen in CI: an ordinal's `done` entry vanished). The status is also
+//! written in the background ([`crate::status_writer`]), so the next reconcile may start before
+//! the patch is even sent. So each wanted status is remembered here from the moment it is
+//! handed to the writer (pending: shown to every read), and then the patch's answer (shown to a
+//! cached set older than it). Resource versions are compared as integers, which Kubernetes
+//! guarantees since 1.35 (KEP-5504, comparable resource versions); a version that is not an
+//! integer is never taken as older. This is only a read-your-writes aid: the cluster still holds
+//! every bit of state, and a restarted controller starts with an empty memo.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,18 +19,22 @@ use std::sync::Mutex;
 use drain_api::annotations;
 use k8s_openapi::api::apps::v1::StatefulSet;
 
-/// What was written on one set.
+/// What was wanted or written on one set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Written {
     uid: String,
-    resource_version: u64,
+    /// The version the patch returned; `None` while the patch is pending.
+    resource_version: Option<u64>,
     status: Option<String>,
+    /// Which want this is (see [`StatusMemo::want`]).
+    seq: u64,
 }
 
 /// The last status written per set (`namespace/name`).
 #[derive(Debug, Default)]
 pub struct StatusMemo {
     written: Mutex<HashMap<String, Written>>,
+    seq: std::sync::atomic::AtomicU64,
 }
 
 fn key(set: &StatefulSet) -> String {
@@ -44,10 +50,37 @@ fn version(set: &StatefulSet) -> Option<u64> {
 }
 
 impl StatusMemo {
-    /// Remembers `patched`, the set as the API server returned it after a status patch.
-    pub fn remember(&self, patched: &StatefulSet) {
+    /// Remembers that `status` is wanted on `set` (a patch is pending): every read shows it until
+    /// the patch lands ([`written`](Self::written)) or fails for good ([`forget`](Self::forget)).
+    /// Returns the want's number.
+    pub fn want(&self, set: &StatefulSet, status: Option<String>) -> u64 {
+        let seq = self
+            .seq
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(1);
+        self.written.lock().expect("status memo lock").insert(
+            key(set),
+            Written {
+                uid: set.metadata.uid.clone().unwrap_or_default(),
+                resource_version: None,
+                status,
+                seq,
+            },
+        );
+        seq
+    }
+
+    /// Remembers `patched`, the set as the API server returned it after the status patch of want
+    /// `seq`; nothing if a newer want is pending (its status is what reads must show).
+    pub fn written(&self, seq: u64, patched: &StatefulSet) {
+        let mut written = self.written.lock().expect("status memo lock");
+        let k = key(patched);
+        if written.get(&k).is_some_and(|w| w.seq != seq) {
+            return;
+        }
         let (Some(uid), Some(resource_version)) = (patched.metadata.uid.clone(), version(patched))
         else {
+            written.remove(&k);
             return;
         };
         let status = patched
@@ -56,14 +89,45 @@ impl StatusMemo {
             .as_ref()
             .and_then(|a| a.get(annotations::STATUS))
             .cloned();
-        self.written.lock().expect("status memo lock").insert(
-            key(patched),
+        written.insert(
+            k,
             Written {
                 uid,
-                resource_version,
+                resource_version: Some(resource_version),
                 status,
+                seq,
             },
         );
+    }
+
+    /// Remembers `patched`, the set as the API server returned it after a status patch.
+    #[cfg(test)]
+    fn remember(&self, patched: &StatefulSet) {
+        let seq = self.want(patched, None);
+        self.written(seq, patched);
+    }
+
+    /// The status a read of `cached` shows: the one wanted or written, if the cache has not
+    /// caught up with it, else the cached one.
+    pub fn status(&self, cached: &StatefulSet) -> Option<String> {
+        match self.overlay(cached) {
+            Some(set) => set.metadata.annotations?.remove(annotations::STATUS),
+            None => cached
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(annotations::STATUS)
+                .cloned(),
+        }
+    }
+
+    /// Forgets want `seq` on a set (its patch failed for good), unless a newer one is pending.
+    pub fn abandon(&self, namespace: &str, name: &str, seq: u64) {
+        let mut written = self.written.lock().expect("status memo lock");
+        let k = format!("{namespace}/{name}");
+        if written.get(&k).is_some_and(|w| w.seq == seq) {
+            written.remove(&k);
+        }
     }
 
     /// `cached` with the remembered status if the cache has not caught up with the last patch
@@ -72,8 +136,11 @@ impl StatusMemo {
         let k = key(cached);
         let mut written = self.written.lock().expect("status memo lock");
         let w = written.get(&k)?;
-        let older = cached.metadata.uid.as_deref() == Some(w.uid.as_str())
-            && version(cached).is_some_and(|v| v < w.resource_version);
+        let same = cached.metadata.uid.as_deref() == Some(w.uid.as_str());
+        let older = match w.resource_version {
+            None => same,
+            Some(written) => same && version(cached).is_some_and(|v| v < written),
+        };
         if !older {
             written.remove(&k);
             return None;
@@ -182,5 +249,64 @@ mod tests {
         memo.remember(&set("u", "120", Some("done")));
         memo.forget(&set("u", "100", None));
         assert!(memo.overlay(&set("u", "100", None)).is_none());
+    }
+
+    #[test]
+    fn a_pending_want_is_shown_to_every_read_of_the_same_set() {
+        let memo = StatusMemo::default();
+        memo.want(&set("u", "100", None), Some("wanted".into()));
+        for rv in ["90", "100", "500"] {
+            assert_eq!(
+                memo.status(&set("u", rv, Some("cached"))).as_deref(),
+                Some("wanted")
+            );
+        }
+        assert_eq!(
+            memo.status(&set("other-uid", "1", Some("cached")))
+                .as_deref(),
+            Some("cached"),
+            "a recreated set is read as it is"
+        );
+    }
+
+    #[test]
+    fn an_older_want_written_late_does_not_hide_a_newer_pending_one() {
+        let memo = StatusMemo::default();
+        let first = memo.want(&set("u", "100", None), Some("first".into()));
+        memo.want(&set("u", "100", None), Some("second".into()));
+        memo.written(first, &set("u", "120", Some("first")));
+        assert_eq!(
+            memo.status(&set("u", "130", Some("first"))).as_deref(),
+            Some("second")
+        );
+    }
+
+    #[test]
+    fn a_written_want_is_shown_until_the_cache_catches_up() {
+        let memo = StatusMemo::default();
+        let seq = memo.want(&set("u", "100", None), Some("wanted".into()));
+        memo.written(seq, &set("u", "120", Some("wanted")));
+        assert_eq!(
+            memo.status(&set("u", "110", None)).as_deref(),
+            Some("wanted")
+        );
+        assert_eq!(
+            memo.status(&set("u", "120", Some("cache"))).as_deref(),
+            Some("cache")
+        );
+    }
+
+    #[test]
+    fn abandon_drops_only_its_own_want() {
+        let memo = StatusMemo::default();
+        let first = memo.want(&set("u", "100", None), Some("first".into()));
+        let second = memo.want(&set("u", "100", None), Some("second".into()));
+        memo.abandon("ns", "web", first);
+        assert_eq!(
+            memo.status(&set("u", "100", None)).as_deref(),
+            Some("second")
+        );
+        memo.abandon("ns", "web", second);
+        assert_eq!(memo.status(&set("u", "100", None)), None);
     }
 }
