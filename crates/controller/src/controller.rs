@@ -30,6 +30,7 @@ use crate::act::{
 use crate::leader::Leadership;
 use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::metrics::Metrics;
+use crate::recent::Recent;
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
 use crate::status_writer::{Patcher, StatusWriter, Target};
@@ -108,6 +109,8 @@ pub struct Context {
     stateful_pods: Cache<PodEntry>,
     drain_pods: Store<Pod>,
     claims: Cache<ClaimEntry>,
+    /// Our writes of drain pods and claims that their watches have not delivered yet.
+    recent: Arc<Recents>,
     drain_pod_index: Index,
     claim_index: Index,
     recorder: Recorder,
@@ -138,6 +141,15 @@ impl Context {
             .map(|_| ())
             .map_err(|_| Error::CachesStopped)
     }
+}
+
+/// Our recent writes (see [`crate::recent`]).
+#[derive(Default)]
+struct Recents {
+    /// Drain pods we created.
+    pods: Recent<Pod>,
+    /// Claims we annotated.
+    claims: Recent<ClaimEntry>,
 }
 
 /// The caches of the secondary watches (the StatefulSet cache is the controller's own).
@@ -616,6 +628,7 @@ pub async fn run(
 
     let (released_tx, released_rx) = mpsc::unbounded_channel();
     let (drain_pods, dp_writer) = reflector::store();
+    let recent = Arc::new(Recents::default());
     let dp_stream = watch::changes(
         watcher(
             api::<Pod>(&client, ns),
@@ -633,7 +646,18 @@ pub async fn run(
                 }
             }
         })
-        .reflect(dp_writer),
+        .reflect(dp_writer)
+        .inspect_ok({
+            let recent = Arc::clone(&recent);
+            move |event| {
+                if let watcher::Event::Apply(pod)
+                | watcher::Event::InitApply(pod)
+                | watcher::Event::Delete(pod) = event
+                {
+                    recent.pods.saw(pod.metadata.resource_version.as_deref());
+                }
+            }
+        }),
         Filter {
             fingerprint: drain_pod_fingerprint,
             sets: drain_pod_sets,
@@ -659,17 +683,28 @@ pub async fn run(
     );
 
     let claims = Cache::default();
-    let claim_stream = claims.changes(
-        watcher(
-            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-            wc.clone(),
+    // Every claim whose entry changed (ours among them) or that was deleted passes: the watch
+    // has delivered our write to the cache once one at its version or later has passed.
+    let claim_stream = claims
+        .changes(
+            watcher(
+                api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+                wc.clone(),
+            )
+            .default_backoff(),
+            Some(Indexed {
+                sets: claim_sets,
+                index: claim_index.clone(),
+            }),
         )
-        .default_backoff(),
-        Some(Indexed {
-            sets: claim_sets,
-            index: claim_index.clone(),
-        }),
-    );
+        .inspect_ok({
+            let recent = Arc::clone(&recent);
+            move |claim: &PartialObjectMeta<PersistentVolumeClaim>| {
+                recent
+                    .claims
+                    .saw(claim.metadata.resource_version.as_deref());
+            }
+        });
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -701,6 +736,7 @@ pub async fn run(
         stateful_pods,
         drain_pods,
         claims,
+        recent,
         drain_pod_index,
         claim_index,
         config,
@@ -797,6 +833,8 @@ struct KubeCluster<'a, K> {
     pods: Api<Pod>,
     claims: Api<PersistentVolumeClaim>,
     recorder: &'a Recorder,
+    /// Where our writes of drain pods and claims are kept until their watches deliver them.
+    recent: &'a Recents,
     set: ObjectReference,
     metrics: &'a Metrics,
     leadership: &'a Leadership,
@@ -861,7 +899,14 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         let result = self.pods.create(&pp, pod).await;
         self.metrics.request("create", "pods", &result);
         match result {
-            Ok(p) => Ok(Created::Uid(p.metadata.uid.unwrap_or_default())),
+            Ok(mut p) => {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                slim_drain_pod(&mut p);
+                let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+                let version = p.metadata.resource_version.clone();
+                self.recent.pods.wrote(&ns, &name, version.as_deref(), p);
+                Ok(Created::Uid(uid))
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::AlreadyExists),
             Err(e) => Err(e),
         }
@@ -913,7 +958,16 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         self.metrics
             .request("patch", "persistentvolumeclaims", &result);
         match result {
-            Ok(_) => Ok(Patched::Done),
+            Ok(patched) => {
+                let m = &patched.metadata;
+                self.recent.claims.wrote(
+                    m.namespace.as_deref().unwrap_or_default(),
+                    name,
+                    m.resource_version.as_deref(),
+                    ClaimEntry::of(m),
+                );
+                Ok(Patched::Done)
+            }
             Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
             Err(e) => Err(e),
         }
@@ -1062,22 +1116,59 @@ fn errors_kept(set: &StatefulSet, actions: &[plan::Action]) -> BTreeMap<i32, Str
         .collect()
 }
 
+/// A claim's cached entry, or our last write of it if its watch has not delivered that yet and
+/// it is the same claim (not one recreated under the name).
+fn newest_claim(cached: ClaimEntry, ours: Option<ClaimEntry>) -> ClaimEntry {
+    ours.filter(|o| o.uid == cached.uid).unwrap_or(cached)
+}
+
+/// The cached drain pods of set `set`, with the ones we created (`created`, by name) that the
+/// watch has not delivered yet: added, or in place of a cached pod of that name with another
+/// UID (a gone pod, since ours could be created under its name).
+fn with_created(
+    mut cached: Vec<Arc<Pod>>,
+    created: Vec<(String, Pod)>,
+    set: &str,
+) -> Vec<Arc<Pod>> {
+    for (name, pod) in created {
+        if pod.labels().get(labels::DRAIN_POD).map(String::as_str) != Some(set) {
+            continue;
+        }
+        match cached
+            .iter()
+            .position(|p| p.metadata.name.as_deref() == Some(&name))
+        {
+            Some(i) if cached[i].metadata.uid != pod.metadata.uid => cached[i] = Arc::new(pod),
+            Some(_) => {}
+            None => cached.push(Arc::new(pod)),
+        }
+    }
+    cached
+}
+
 /// Reads one set's snapshot from the caches, through the per-set indexes.
 fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::Snapshot {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
+    // Each read is at least as new as our own last write of the object (`crate::recent`).
     let claims: Vec<_> = ctx
         .claim_index
         .names(&ns, &name)
         .iter()
-        .filter_map(|c| Some(ctx.claims.get(&ns, c)?.meta(&ns, c)))
+        .filter_map(|c| {
+            let entry = newest_claim(ctx.claims.get(&ns, c)?, ctx.recent.claims.get(&ns, c));
+            Some(entry.meta(&ns, c))
+        })
         .collect();
-    let drain_pods: Vec<_> = ctx
-        .drain_pod_index
-        .names(&ns, &name)
-        .iter()
-        .filter_map(|p| ctx.drain_pods.get(&ObjectRef::new(p).within(&ns)))
-        .collect();
+    let drain_pods = with_created(
+        ctx.drain_pod_index
+            .names(&ns, &name)
+            .iter()
+            .filter_map(|p| ctx.drain_pods.get(&ObjectRef::new(p).within(&ns)))
+            .collect(),
+        ctx.recent.pods.in_namespace(&ns),
+        &name,
+    );
     let templates = observe::claim_templates(set);
     let others: Vec<_> = claims
         .iter()
@@ -1207,6 +1298,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
             recorder: &ctx.recorder,
+            recent: &ctx.recent,
             set: set_ref.clone(),
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,

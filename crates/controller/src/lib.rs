@@ -19,6 +19,7 @@ pub mod meta_cache;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod recent;
 pub mod set_kind;
 pub mod status;
 pub mod status_memo;

@@ -87,19 +87,7 @@ impl Compact for PartialObjectMeta<PersistentVolumeClaim> {
     }
 
     fn entry(&self) -> ClaimEntry {
-        let ours: BTreeMap<String, String> = self
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .filter(|(k, _)| claim_annotations::ALL.contains(&k.as_str()))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        ClaimEntry {
-            uid: self.metadata.uid.as_deref().unwrap_or_default().into(),
-            deletion: self.metadata.deletion_timestamp.clone(),
-            annotations: (!ours.is_empty()).then(|| Box::new(ours)),
-        }
+        ClaimEntry::of(&self.metadata)
     }
 }
 
@@ -122,6 +110,22 @@ impl PodEntry {
 }
 
 impl ClaimEntry {
+    /// What is kept of a claim with this metadata.
+    pub fn of(meta: &ObjectMeta) -> Self {
+        let ours: BTreeMap<String, String> = meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| claim_annotations::ALL.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Self {
+            uid: meta.uid.as_deref().unwrap_or_default().into(),
+            deletion: meta.deletion_timestamp.clone(),
+            annotations: (!ours.is_empty()).then(|| Box::new(ours)),
+        }
+    }
+
     /// The metadata the observers read, rebuilt for one claim.
     pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
         ObjectMeta {

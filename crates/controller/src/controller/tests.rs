@@ -501,3 +501,64 @@ fn the_status_written_alongside_the_actions_keeps_only_the_errors_of_ordinals_ac
     annotate(&mut set.metadata, annotations::STATUS, "not json");
     assert!(errors_kept(&set, &[warn(3)]).is_empty());
 }
+
+fn drain_pod_named(name: &str, uid: &str, set: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("ns".to_owned()),
+            uid: Some(uid.to_owned()),
+            labels: Some([(labels::DRAIN_POD.to_owned(), set.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
+}
+
+#[test]
+fn a_drain_pod_we_created_is_read_before_its_watch_delivers_it() {
+    let cached = vec![Arc::new(drain_pod_named("web-1", "cached", "web"))];
+    let created = vec![
+        ("web-2".to_owned(), drain_pod_named("web-2", "ours", "web")),
+        (
+            "db-2".to_owned(),
+            drain_pod_named("db-2", "other set", "db"),
+        ),
+    ];
+    let read = with_created(cached, created, "web");
+    let uids: Vec<_> = read.iter().map(|p| p.uid().unwrap()).collect();
+    assert_eq!(uids, ["cached", "ours"]);
+}
+
+#[test]
+fn a_drain_pod_we_created_replaces_a_gone_pod_of_its_name_the_cache_still_shows() {
+    let cached = vec![Arc::new(drain_pod_named("web-2", "gone", "web"))];
+    let created = vec![("web-2".to_owned(), drain_pod_named("web-2", "ours", "web"))];
+    let read = with_created(cached, created, "web");
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].uid().as_deref(), Some("ours"));
+
+    let cached = vec![Arc::new(drain_pod_named("web-2", "ours", "web"))];
+    let created = vec![("web-2".to_owned(), drain_pod_named("web-2", "ours", "web"))];
+    assert_eq!(with_created(cached, created, "web").len(), 1, "not twice");
+}
+
+#[test]
+fn our_write_of_a_claim_is_read_only_for_that_same_claim() {
+    let entry = |uid: &str, attempts: Option<&str>| {
+        ClaimEntry::of(&ObjectMeta {
+            uid: Some(uid.to_owned()),
+            annotations: attempts
+                .map(|a| [(claim_annotations::ATTEMPTS.to_owned(), a.to_owned())].into()),
+            ..ObjectMeta::default()
+        })
+    };
+    let ours = entry("c1", Some("2"));
+    assert_eq!(newest_claim(entry("c1", None), Some(ours.clone())), ours);
+    assert_eq!(
+        newest_claim(entry("c2", None), Some(ours)),
+        entry("c2", None),
+        "a claim recreated under the name is read from the cache"
+    );
+    assert_eq!(newest_claim(entry("c1", None), None), entry("c1", None));
+}

@@ -1,0 +1,161 @@
+//! Our own recent writes of drain pods and claims, shown to reads until the watch caches have
+//! seen them.
+//!
+//! Drain pods and claims come from two watches, and a reconcile can run between the event of
+//! one of our writes and the event of the next. A drain pod is created and then recorded on its
+//! claims: if the pod's Added event triggers a reconcile before the claims' events arrived, the
+//! planner sees a drain pod its claims do not record and records it again (a second patch of
+//! each claim); the other way round, it sees a recorded pod missing from the cache, takes it
+//! for vanished and checks with a live read. Each reconcile of that kind holds up the next one
+//! of its set. So the answer to each of our writes is kept here until its watch has passed the
+//! write's resourceVersion (versions are compared as integers, which Kubernetes guarantees since
+//! 1.35, KEP-5504), and for [`TTL`] at most. What a read gets from here is the object as the API
+//! server returned it after our write: never newer than the cluster, and, while it is kept,
+//! never older than the cache. This is only a read-your-writes aid, like
+//! [`crate::status_memo`]: a restarted controller starts with none.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a write is kept at most (the watch normally passes it within milliseconds).
+pub const TTL: Duration = Duration::from_secs(10);
+
+struct Kept<T> {
+    version: u64,
+    at: Instant,
+    value: T,
+}
+
+struct State<T> {
+    /// The highest resourceVersion the watch has delivered.
+    seen: u64,
+    kept: HashMap<(String, String), Kept<T>>,
+}
+
+/// The recent writes of one kind of object, by namespace and name.
+pub struct Recent<T> {
+    state: Mutex<State<T>>,
+}
+
+impl<T> Default for Recent<T> {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(State {
+                seen: 0,
+                kept: HashMap::new(),
+            }),
+        }
+    }
+}
+
+fn version(rv: Option<&str>) -> Option<u64> {
+    rv?.parse().ok()
+}
+
+impl<T: Clone> Recent<T> {
+    /// The watch delivered (and its cache applied) an object at this resourceVersion.
+    pub fn saw(&self, resource_version: Option<&str>) {
+        let Some(v) = version(resource_version) else {
+            return;
+        };
+        let mut state = self.state.lock().expect("recent writes lock");
+        if v > state.seen {
+            state.seen = v;
+            let seen = state.seen;
+            state.kept.retain(|_, k| k.version > seen);
+        }
+    }
+
+    /// Keeps `value`, what the API server answered to our write of `namespace/name` at
+    /// `resource_version` (a version that is not an integer is not kept).
+    pub fn wrote(&self, namespace: &str, name: &str, resource_version: Option<&str>, value: T) {
+        let Some(version) = version(resource_version) else {
+            return;
+        };
+        let mut state = self.state.lock().expect("recent writes lock");
+        let key = (namespace.to_owned(), name.to_owned());
+        let newer = state.kept.get(&key).is_none_or(|k| k.version < version);
+        if version > state.seen && newer {
+            state.kept.insert(
+                key,
+                Kept {
+                    version,
+                    at: Instant::now(),
+                    value,
+                },
+            );
+        }
+    }
+
+    /// Our write of `namespace/name`, if its watch has not delivered it yet.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<T> {
+        let mut state = self.state.lock().expect("recent writes lock");
+        let key = (namespace.to_owned(), name.to_owned());
+        let kept = state.kept.get(&key)?;
+        if kept.at.elapsed() < TTL {
+            return Some(kept.value.clone());
+        }
+        state.kept.remove(&key);
+        None
+    }
+
+    /// Our writes in `namespace` that its watch has not delivered yet, with their names.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<(String, T)> {
+        let mut state = self.state.lock().expect("recent writes lock");
+        state.kept.retain(|_, k| k.at.elapsed() < TTL);
+        state
+            .kept
+            .iter()
+            .filter(|((ns, _), _)| ns == namespace)
+            .map(|((_, name), k)| (name.clone(), k.value.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_shown_until_its_watch_passes_its_version() {
+        let r = Recent::default();
+        r.saw(Some("100"));
+        r.wrote("ns", "a", Some("120"), "written");
+        assert_eq!(r.get("ns", "a"), Some("written"));
+        assert_eq!(r.in_namespace("ns"), vec![("a".to_owned(), "written")]);
+        assert!(r.in_namespace("other").is_empty());
+        r.saw(Some("119"));
+        assert_eq!(r.get("ns", "a"), Some("written"), "still before it");
+        r.saw(Some("120"));
+        assert_eq!(r.get("ns", "a"), None, "the watch delivered it");
+        assert!(r.in_namespace("ns").is_empty());
+    }
+
+    #[test]
+    fn a_write_the_watch_passed_already_or_with_an_opaque_version_is_not_kept() {
+        let r = Recent::default();
+        r.saw(Some("200"));
+        r.wrote("ns", "a", Some("150"), 1);
+        r.wrote("ns", "b", Some("opaque"), 2);
+        r.wrote("ns", "c", None, 3);
+        assert!(r.in_namespace("ns").is_empty());
+        r.saw(Some("not-a-number"));
+        r.wrote("ns", "d", Some("201"), 4);
+        assert_eq!(
+            r.get("ns", "d"),
+            Some(4),
+            "an opaque version seen changes nothing"
+        );
+    }
+
+    #[test]
+    fn the_newest_write_of_a_name_is_kept() {
+        let r = Recent::default();
+        r.wrote("ns", "a", Some("10"), "first");
+        r.wrote("ns", "a", Some("11"), "second");
+        assert_eq!(r.get("ns", "a"), Some("second"));
+        r.wrote("ns", "a", Some("9"), "answered late");
+        assert_eq!(r.get("ns", "a"), Some("second"));
+    }
+}
