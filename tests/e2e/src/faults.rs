@@ -262,10 +262,9 @@ pub fn count_log_lines(path: &Path, needle: &str) -> Result<usize> {
     }
 }
 
-/// A ValidatingAdmissionPolicy and its binding that deny deleting one claim in one namespace,
-/// as an admission policy of a cluster's owner could. Both are deleted when this is dropped:
-/// otherwise the claim, and so the test's namespace, could never be deleted.
-pub struct ClaimDeleteDenial {
+/// A ValidatingAdmissionPolicy and its binding that deny some requests in one namespace, as an
+/// admission policy of a cluster's owner could. Both are deleted when this is dropped.
+struct AdmissionDenial {
     name: String,
     client: Client,
     _cleanup: Finally,
@@ -274,11 +273,19 @@ pub struct ClaimDeleteDenial {
 /// Text in the denial's message, to tell it from other errors.
 pub const DENIAL_MARKER: &str = "e2e-denied";
 
-impl ClaimDeleteDenial {
-    /// Denies `DELETE` of the claim `claim` in the namespace (policy and binding named after the
-    /// namespace, so tests running at once do not collide).
-    pub async fn create(client: &Client, ns: &TestNamespace, claim: &str) -> Result<Self> {
-        let name = format!("{}-deny-delete", ns.name);
+impl AdmissionDenial {
+    /// Denies the requests `rules` matches (`matchConstraints.resourceRules`) in the namespace
+    /// unless `expression` (CEL) holds, with `message` (which should contain [`DENIAL_MARKER`]).
+    /// Named after the namespace and `what`, so tests running at once do not collide.
+    async fn create(
+        client: &Client,
+        ns: &TestNamespace,
+        what: &str,
+        rules: Value,
+        expression: String,
+        message: String,
+    ) -> Result<Self> {
+        let name = format!("{}-deny-{what}", ns.name);
         let cleanup = {
             let name = name.clone();
             Finally::new(&format!("admission policy {name}"), move |client| {
@@ -300,16 +307,8 @@ impl ClaimDeleteDenial {
             "metadata": {"name": name},
             "spec": {
                 "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": ["DELETE"], "resources": ["persistentvolumeclaims"],
-                    }],
-                },
-                "validations": [{
-                    "expression": format!("oldObject.metadata.name != '{claim}'"),
-                    "message": format!("{DENIAL_MARKER}: deleting claim {claim} is not allowed"),
-                }],
+                "matchConstraints": {"resourceRules": rules},
+                "validations": [{"expression": expression, "message": message}],
             }
         }))?;
         let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
@@ -340,20 +339,20 @@ impl ClaimDeleteDenial {
         })
     }
 
-    /// Waits until the apiserver enforces the policy: a dry-run delete of `claim` (which must
-    /// exist) is denied with the policy's message.
-    pub async fn wait_enforced(&self, ns: &TestNamespace, claim: &str) -> Result<()> {
-        let claims = ns.api::<PersistentVolumeClaim>();
-        let claims = &claims;
+    /// Waits until the apiserver enforces the policy: `probe` (a dry-run request the policy
+    /// denies) fails with the policy's message.
+    async fn wait_enforced<F, Fut>(&self, probe: F) -> Result<()>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(), kube::Error>>,
+    {
+        let probe = &probe;
         wait_for(
             T,
             &format!("the admission policy {} enforced", self.name),
             || async move {
-                match claims
-                    .delete(claim, &DeleteParams::default().dry_run())
-                    .await
-                {
-                    Ok(_) => Ok(false),
+                match probe().await {
+                    Ok(()) => Ok(false),
                     Err(kube::Error::Api(s)) if s.message.contains(DENIAL_MARKER) => Ok(true),
                     Err(e) => Err(e.into()),
                 }
@@ -363,12 +362,108 @@ impl ClaimDeleteDenial {
     }
 
     /// Lifts the denial: deletes the binding.
-    pub async fn lift(&self) -> Result<()> {
+    async fn lift(&self) -> Result<()> {
         ok_if_gone(
             Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
                 .delete(&self.name, &DeleteParams::default())
                 .await,
         )
+    }
+}
+
+/// An admission policy that denies deleting one claim in one namespace. Removed when this is
+/// dropped: otherwise the claim, and so the test's namespace, could never be deleted.
+pub struct ClaimDeleteDenial(AdmissionDenial);
+
+impl ClaimDeleteDenial {
+    /// Denies `DELETE` of the claim `claim` in the namespace.
+    pub async fn create(client: &Client, ns: &TestNamespace, claim: &str) -> Result<Self> {
+        AdmissionDenial::create(
+            client,
+            ns,
+            "delete",
+            json!([{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["DELETE"], "resources": ["persistentvolumeclaims"],
+            }]),
+            format!("oldObject.metadata.name != '{claim}'"),
+            format!("{DENIAL_MARKER}: deleting claim {claim} is not allowed"),
+        )
+        .await
+        .map(Self)
+    }
+
+    /// Waits until the apiserver enforces the policy: a dry-run delete of `claim` (which must
+    /// exist) is denied with the policy's message.
+    pub async fn wait_enforced(&self, ns: &TestNamespace, claim: &str) -> Result<()> {
+        let claims = ns.api::<PersistentVolumeClaim>();
+        let claims = &claims;
+        self.0
+            .wait_enforced(|| async move {
+                claims
+                    .delete(claim, &DeleteParams::default().dry_run())
+                    .await
+                    .map(|_| ())
+            })
+            .await
+    }
+
+    /// Lifts the denial.
+    pub async fn lift(&self) -> Result<()> {
+        self.0.lift().await
+    }
+}
+
+/// An admission policy that denies every change of the `drain-status` annotation of the
+/// StatefulSets in one namespace (the controller's status writes), and nothing else.
+pub struct StatusWriteDenial(AdmissionDenial);
+
+impl StatusWriteDenial {
+    /// Denies changing the status annotation of any StatefulSet in the namespace.
+    pub async fn create(client: &Client, ns: &TestNamespace) -> Result<Self> {
+        let status = |obj: &str| {
+            format!(
+                "(has({obj}.metadata.annotations) && '{k}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{k}'] : '')",
+                k = annotations::STATUS
+            )
+        };
+        AdmissionDenial::create(
+            client,
+            ns,
+            "status",
+            json!([{
+                "apiGroups": ["apps"], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["statefulsets"],
+            }]),
+            format!("{} == {}", status("object"), status("oldObject")),
+            format!("{DENIAL_MARKER}: the drain status may not change"),
+        )
+        .await
+        .map(Self)
+    }
+
+    /// Waits until the apiserver enforces the policy: a dry-run write of the status annotation
+    /// of `set` is denied with the policy's message.
+    pub async fn wait_enforced(&self, ns: &TestNamespace, set: &str) -> Result<()> {
+        let sets = ns.api::<StatefulSet>();
+        let sets = &sets;
+        self.0
+            .wait_enforced(|| async move {
+                let patch = json!({"metadata": {"annotations": {annotations::STATUS: "probe"}}});
+                sets.patch(
+                    set,
+                    &kube::api::PatchParams::default().dry_run(),
+                    &kube::api::Patch::Merge(patch),
+                )
+                .await
+                .map(|_| ())
+            })
+            .await
+    }
+
+    /// Lifts the denial.
+    pub async fn lift(&self) -> Result<()> {
+        self.0.lift().await
     }
 }
 

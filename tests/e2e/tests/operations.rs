@@ -7,7 +7,8 @@ use anyhow::{Context, Result, ensure};
 use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
 use drain_api::claim_annotations::APPROVED;
 use e2e::faults::{
-    assert_claim_unchanged, drain_status, hold, ordinal_state, wait_ordinal_state, wait_set_event,
+    StatusWriteDenial, assert_claim_unchanged, count_log_lines, drain_status, hold, ordinal_state,
+    wait_ordinal_state, wait_set_event,
 };
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
@@ -34,6 +35,57 @@ fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     };
     text.lines()
         .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The status write denied (an admission policy refusing every change of `drain-status`): the
+/// drains go on and delete their claims, the failed writes are logged and counted, and once the
+/// denial is lifted the retried write lands.
+#[tokio::test]
+async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-status-denied").await?;
+    let denial = StatusWriteDenial::create(&client, &ns).await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    let admin = controller.admin_url();
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .parallel();
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    denial.wait_enforced(&ns, "web").await?;
+
+    scale(&ns, "web", 1).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    wait_pod_gone(&ns, "web-1", T).await?;
+    ensure!(
+        drain_status(&ns, "web").await?.is_none(),
+        "a status was written through the denial"
+    );
+    let failed = sample(
+        &get(&format!("{admin}/metrics")).await?.1,
+        "statefulset_drain_reconcile_errors_total",
+        r#"reason="PatchStatusFailed""#,
+    );
+    ensure!(
+        failed.unwrap_or(0.0) >= 1.0,
+        "failed status writes counted: {failed:?}"
+    );
+    let logged = count_log_lines(
+        &controller.log,
+        "failed to write the drain status; retrying",
+    )?;
+    ensure!(logged >= 1, "failed status writes logged");
+    assert_claims_kept(&ns, &["data-web-0"]).await?;
+
+    denial.lift().await?;
+    wait_ordinal_state(&ns, "web", 2, "done").await?;
+    wait_ordinal_state(&ns, "web", 1, "done").await?;
+    Ok(())
 }
 
 #[tokio::test]
