@@ -4,6 +4,7 @@
 //! implementation.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use crate::act::{
     self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
 };
 use crate::leader::Leadership;
-use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
+use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry, version_of};
 use crate::metrics::Metrics;
 use crate::recent::Recent;
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
@@ -629,6 +630,7 @@ pub async fn run(
     let (released_tx, released_rx) = mpsc::unbounded_channel();
     let (drain_pods, dp_writer) = reflector::store();
     let recent = Arc::new(Recents::default());
+    let relisting = Arc::new(AtomicBool::new(false));
     let dp_stream = watch::changes(
         watcher(
             api::<Pod>(&client, ns),
@@ -648,14 +650,11 @@ pub async fn run(
         })
         .reflect(dp_writer)
         .inspect_ok({
-            let recent = Arc::clone(&recent);
-            move |event| {
-                if let watcher::Event::Apply(pod)
-                | watcher::Event::InitApply(pod)
-                | watcher::Event::Delete(pod) = event
-                {
-                    recent.pods.saw(pod.metadata.resource_version.as_deref());
-                }
+            let relisting = Arc::clone(&relisting);
+            move |event| match event {
+                watcher::Event::Init => relisting.store(true, Ordering::Relaxed),
+                watcher::Event::InitDone => relisting.store(false, Ordering::Relaxed),
+                _ => {}
             }
         }),
         Filter {
@@ -663,7 +662,17 @@ pub async fn run(
             sets: drain_pod_sets,
             index: Some(drain_pod_index.clone()),
         },
-    );
+    )
+    // A drain pod passed on is in the cache and the index (an Added or Deleted event passes
+    // always), except during a relist: kube's reflector applies a list only at its end.
+    .inspect_ok({
+        let recent = Arc::clone(&recent);
+        move |pod: &Pod| {
+            if !relisting.load(Ordering::Relaxed) {
+                recent.pods.saw(pod.metadata.resource_version.as_deref());
+            }
+        }
+    });
 
     let stateful_pods = Cache::default();
     let gone = Arc::clone(&telemetry.metrics);
@@ -683,28 +692,17 @@ pub async fn run(
     );
 
     let claims = Cache::default();
-    // Every claim whose entry changed (ours among them) or that was deleted passes: the watch
-    // has delivered our write to the cache once one at its version or later has passed.
-    let claim_stream = claims
-        .changes(
-            watcher(
-                api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
-                wc.clone(),
-            )
-            .default_backoff(),
-            Some(Indexed {
-                sets: claim_sets,
-                index: claim_index.clone(),
-            }),
+    let claim_stream = claims.changes(
+        watcher(
+            api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
+            wc.clone(),
         )
-        .inspect_ok({
-            let recent = Arc::clone(&recent);
-            move |claim: &PartialObjectMeta<PersistentVolumeClaim>| {
-                recent
-                    .claims
-                    .saw(claim.metadata.resource_version.as_deref());
-            }
-        });
+        .default_backoff(),
+        Some(Indexed {
+            sets: claim_sets,
+            index: claim_index.clone(),
+        }),
+    );
 
     let reporter = Reporter {
         controller: FIELD_MANAGER.to_owned(),
@@ -1116,21 +1114,21 @@ fn errors_kept(set: &StatefulSet, actions: &[plan::Action]) -> BTreeMap<i32, Str
         .collect()
 }
 
-/// A claim's cached entry, or our last write of it if its watch has not delivered that yet and
-/// it is the same claim (not one recreated under the name).
+/// A claim's cached entry, or our last write of it if that is newer than the cached entry and
+/// of the same claim (not one recreated under the name).
 fn newest_claim(cached: ClaimEntry, ours: Option<ClaimEntry>) -> ClaimEntry {
     ours.filter(|o| o.uid == cached.uid).unwrap_or(cached)
 }
 
-/// The cached drain pods of set `set`, with the ones we created (`created`, by name) that the
-/// watch has not delivered yet: added, or in place of a cached pod of that name with another
-/// UID (a gone pod, since ours could be created under its name).
+/// The cached drain pods of set `set`, with the ones we created (`created`: name, version,
+/// pod) that the watch has not delivered yet: added, or in place of an older cached pod of that
+/// name (a gone one: ours could be created under its name).
 fn with_created(
     mut cached: Vec<Arc<Pod>>,
-    created: Vec<(String, Pod)>,
+    created: Vec<(String, u64, Pod)>,
     set: &str,
 ) -> Vec<Arc<Pod>> {
-    for (name, pod) in created {
+    for (name, version, pod) in created {
         if pod.labels().get(labels::DRAIN_POD).map(String::as_str) != Some(set) {
             continue;
         }
@@ -1138,7 +1136,7 @@ fn with_created(
             .iter()
             .position(|p| p.metadata.name.as_deref() == Some(&name))
         {
-            Some(i) if cached[i].metadata.uid != pod.metadata.uid => cached[i] = Arc::new(pod),
+            Some(i) if version_of(&cached[i].metadata) < version => cached[i] = Arc::new(pod),
             Some(_) => {}
             None => cached.push(Arc::new(pod)),
         }
@@ -1156,7 +1154,8 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
         .names(&ns, &name)
         .iter()
         .filter_map(|c| {
-            let entry = newest_claim(ctx.claims.get(&ns, c)?, ctx.recent.claims.get(&ns, c));
+            let (cached, version) = ctx.claims.get_versioned(&ns, c)?;
+            let entry = newest_claim(cached, ctx.recent.claims.newer_than(&ns, c, version));
             Some(entry.meta(&ns, c))
         })
         .collect();

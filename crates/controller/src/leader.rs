@@ -192,6 +192,12 @@ impl Leadership {
         )
     }
 
+    /// How many times this replica became the leader (0 without election): what it wanted to
+    /// write in an earlier term is not written in a later one.
+    pub fn term(&self) -> u64 {
+        self.shared.as_ref().map_or(0, |s| *s.gained.borrow())
+    }
+
     /// Whether leader election is on.
     pub fn elected(&self) -> bool {
         self.shared.is_some()

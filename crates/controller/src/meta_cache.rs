@@ -34,6 +34,17 @@ pub trait Compact {
 
     /// What is kept of the object.
     fn entry(&self) -> Self::Entry;
+
+    /// The object's metadata (for its resourceVersion).
+    fn metadata(&self) -> &ObjectMeta;
+}
+
+/// A resourceVersion as an integer (Kubernetes guarantees it since 1.35, KEP-5504; 0 if not).
+pub fn version_of(meta: &ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// What is kept of a stateful pod: whether it exists (its UID) and whether it is going.
@@ -71,6 +82,10 @@ impl Compact for PartialObjectMeta<Pod> {
         key_of(&self.metadata)
     }
 
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
     fn entry(&self) -> PodEntry {
         PodEntry {
             uid: self.metadata.uid.as_deref().unwrap_or_default().into(),
@@ -84,6 +99,10 @@ impl Compact for PartialObjectMeta<PersistentVolumeClaim> {
 
     fn key(&self) -> (&str, &str) {
         key_of(&self.metadata)
+    }
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
     }
 
     fn entry(&self) -> ClaimEntry {
@@ -137,6 +156,9 @@ impl ClaimEntry {
 
 struct Slot<E> {
     entry: E,
+    /// The resourceVersion of the object last seen (not part of the entry: a change of it
+    /// alone does not pass).
+    version: u64,
     /// The list (see [`Inner::epoch`]) that last saw the object.
     epoch: u32,
 }
@@ -220,8 +242,15 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             .map_err(|_| Stopped)
     }
 
-    /// Stores `entry`; whether it differs from what was cached.
-    fn upsert(&self, namespace: &str, name: &str, entry: E) -> bool {
+    /// The entry of `namespace/name` and the resourceVersion it was last seen at.
+    pub fn get_versioned(&self, namespace: &str, name: &str) -> Option<(E, u64)> {
+        let inner = self.inner.read().expect("cache lock");
+        let slot = inner.by_namespace.get(namespace)?.get(name)?;
+        Some((slot.entry.clone(), slot.version))
+    }
+
+    /// Stores `entry`, seen at `version`; whether it differs from what was cached.
+    fn upsert(&self, namespace: &str, name: &str, entry: E, version: u64) -> bool {
         let mut inner = self.inner.write().expect("cache lock");
         let epoch = inner.epoch;
         let names = match inner.by_namespace.get_mut(namespace) {
@@ -231,6 +260,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         match names.get_mut(name) {
             Some(slot) => {
                 slot.epoch = epoch;
+                slot.version = version;
                 if slot.entry == entry {
                     false
                 } else {
@@ -239,7 +269,14 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 }
             }
             None => {
-                names.insert(name.into(), Slot { entry, epoch });
+                names.insert(
+                    name.into(),
+                    Slot {
+                        entry,
+                        version,
+                        epoch,
+                    },
+                );
                 true
             }
         }
@@ -300,7 +337,8 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 if let Some(i) = indexed {
                     i.index.insert(&(i.sets)(ns, name), name);
                 }
-                self.upsert(ns, name, obj.entry()).then_some(obj)
+                let version = version_of(obj.metadata());
+                self.upsert(ns, name, obj.entry(), version).then_some(obj)
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = obj.key();

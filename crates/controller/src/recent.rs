@@ -7,11 +7,14 @@
 //! planner sees a drain pod its claims do not record and records it again (a second patch of
 //! each claim); the other way round, it sees a recorded pod missing from the cache, takes it
 //! for vanished and checks with a live read. Each reconcile of that kind holds up the next one
-//! of its set. So the answer to each of our writes is kept here until its watch has passed the
-//! write's resourceVersion (versions are compared as integers, which Kubernetes guarantees since
-//! 1.35, KEP-5504), and for [`TTL`] at most. What a read gets from here is the object as the API
-//! server returned it after our write: never newer than the cluster, and, while it is kept,
-//! never older than the cache. This is only a read-your-writes aid, like
+//! of its set. So the answer to each of our writes is kept here, for [`TTL`] at most, and read
+//! instead of the cached object only while it is newer than that object (resourceVersions are
+//! compared as integers, which Kubernetes guarantees since 1.35, KEP-5504): never newer than the
+//! cluster, never older than the cache. A kept drain pod the cache does not hold is read until
+//! its watch delivers an event at or after its version ([`Recent::saw`]; a relist does not
+//! count, as kube's reflector applies a list only at its end), so a pod deleted right after
+//! we created it may be read as Pending for up to [`TTL`] after a relist: that holds back, never
+//! hastens, what the planner does with its ordinal. This is only a read-your-writes aid, like
 //! [`crate::status_memo`]: a restarted controller starts with none.
 
 use std::collections::HashMap;
@@ -54,7 +57,8 @@ fn version(rv: Option<&str>) -> Option<u64> {
 }
 
 impl<T: Clone> Recent<T> {
-    /// The watch delivered (and its cache applied) an object at this resourceVersion.
+    /// The watch delivered an object at this resourceVersion, and its cache and index hold what
+    /// it delivered: the writes up to it are in the cache (or gone from it).
     pub fn saw(&self, resource_version: Option<&str>) {
         let Some(v) = version(resource_version) else {
             return;
@@ -74,6 +78,7 @@ impl<T: Clone> Recent<T> {
             return;
         };
         let mut state = self.state.lock().expect("recent writes lock");
+        state.kept.retain(|_, k| k.at.elapsed() < TTL);
         let key = (namespace.to_owned(), name.to_owned());
         let newer = state.kept.get(&key).is_none_or(|k| k.version < version);
         if version > state.seen && newer {
@@ -88,27 +93,28 @@ impl<T: Clone> Recent<T> {
         }
     }
 
-    /// Our write of `namespace/name`, if its watch has not delivered it yet.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<T> {
+    /// Our write of `namespace/name` if it is newer than `cached`, the version the cache holds
+    /// (else it is dropped: the cache has caught up).
+    pub fn newer_than(&self, namespace: &str, name: &str, cached: u64) -> Option<T> {
         let mut state = self.state.lock().expect("recent writes lock");
         let key = (namespace.to_owned(), name.to_owned());
         let kept = state.kept.get(&key)?;
-        if kept.at.elapsed() < TTL {
+        if kept.version > cached && kept.at.elapsed() < TTL {
             return Some(kept.value.clone());
         }
         state.kept.remove(&key);
         None
     }
 
-    /// Our writes in `namespace` that its watch has not delivered yet, with their names.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<(String, T)> {
+    /// Our writes in `namespace` kept now, with their names and versions.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<(String, u64, T)> {
         let mut state = self.state.lock().expect("recent writes lock");
         state.kept.retain(|_, k| k.at.elapsed() < TTL);
         state
             .kept
             .iter()
             .filter(|((ns, _), _)| ns == namespace)
-            .map(|((_, name), k)| (name.clone(), k.value.clone()))
+            .map(|((_, name), k)| (name.clone(), k.version, k.value.clone()))
             .collect()
     }
 }
@@ -118,18 +124,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_write_is_shown_until_its_watch_passes_its_version() {
+    fn a_write_is_kept_until_its_watch_passes_its_version() {
         let r = Recent::default();
         r.saw(Some("100"));
         r.wrote("ns", "a", Some("120"), "written");
-        assert_eq!(r.get("ns", "a"), Some("written"));
-        assert_eq!(r.in_namespace("ns"), vec![("a".to_owned(), "written")]);
+        assert_eq!(r.in_namespace("ns"), vec![("a".to_owned(), 120, "written")]);
         assert!(r.in_namespace("other").is_empty());
         r.saw(Some("119"));
-        assert_eq!(r.get("ns", "a"), Some("written"), "still before it");
+        assert_eq!(r.in_namespace("ns").len(), 1, "still before it");
         r.saw(Some("120"));
-        assert_eq!(r.get("ns", "a"), None, "the watch delivered it");
-        assert!(r.in_namespace("ns").is_empty());
+        assert!(r.in_namespace("ns").is_empty(), "the watch delivered it");
     }
 
     #[test]
@@ -143,8 +147,8 @@ mod tests {
         r.saw(Some("not-a-number"));
         r.wrote("ns", "d", Some("201"), 4);
         assert_eq!(
-            r.get("ns", "d"),
-            Some(4),
+            r.in_namespace("ns"),
+            vec![("d".to_owned(), 201, 4)],
             "an opaque version seen changes nothing"
         );
     }
@@ -154,8 +158,17 @@ mod tests {
         let r = Recent::default();
         r.wrote("ns", "a", Some("10"), "first");
         r.wrote("ns", "a", Some("11"), "second");
-        assert_eq!(r.get("ns", "a"), Some("second"));
+        assert_eq!(r.newer_than("ns", "a", 5), Some("second"));
         r.wrote("ns", "a", Some("9"), "answered late");
-        assert_eq!(r.get("ns", "a"), Some("second"));
+        assert_eq!(r.newer_than("ns", "a", 5), Some("second"));
+    }
+
+    #[test]
+    fn a_write_is_read_only_while_it_is_newer_than_the_cache() {
+        let r = Recent::default();
+        r.wrote("ns", "a", Some("10"), "ours");
+        assert_eq!(r.newer_than("ns", "a", 9), Some("ours"));
+        assert_eq!(r.newer_than("ns", "a", 10), None, "the cache caught up");
+        assert_eq!(r.newer_than("ns", "a", 0), None, "and it is dropped");
     }
 }

@@ -19,18 +19,27 @@ use std::sync::Mutex;
 use drain_api::annotations;
 use k8s_openapi::api::apps::v1::StatefulSet;
 
-/// What was wanted or written on one set.
+/// A status handed to the writer and not written yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Pending {
+    /// Which want this is (see [`StatusMemo::want`]).
+    seq: u64,
+    /// The leadership term it was wanted in: a want of an earlier term (this replica lost the
+    /// lease and got it back meanwhile) is never shown, and never written.
+    term: u64,
+    status: Option<String>,
+}
+
+/// What was wanted and written on one set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Written {
     uid: String,
-    /// The version the patch returned; `None` while the patch is pending.
-    resource_version: Option<u64>,
-    status: Option<String>,
-    /// Which want this is (see [`StatusMemo::want`]).
-    seq: u64,
+    /// The last status that landed, and the version the patch returned.
+    landed: Option<(u64, Option<String>)>,
+    pending: Option<Pending>,
 }
 
-/// The last status written per set (`namespace/name`).
+/// The last status wanted and written per set (`namespace/name`).
 #[derive(Debug, Default)]
 pub struct StatusMemo {
     written: Mutex<HashMap<String, Written>>,
@@ -49,112 +58,129 @@ fn version(set: &StatefulSet) -> Option<u64> {
     set.metadata.resource_version.as_deref()?.parse().ok()
 }
 
+fn status_of(set: &StatefulSet) -> Option<String> {
+    set.metadata
+        .annotations
+        .as_ref()?
+        .get(annotations::STATUS)
+        .cloned()
+}
+
 impl StatusMemo {
-    /// Remembers that `status` is wanted on `set` (a patch is pending): every read shows it until
-    /// the patch lands ([`written`](Self::written)) or fails for good ([`forget`](Self::forget)).
-    /// Returns the want's number.
-    pub fn want(&self, set: &StatefulSet, status: Option<String>) -> u64 {
+    /// Remembers that `status` is wanted on `set` in leadership term `term` (a patch is
+    /// pending): reads in that term show it until the patch lands ([`written`](Self::written))
+    /// or is given up ([`abandon`](Self::abandon)). Returns the want's number.
+    pub fn want(&self, set: &StatefulSet, status: Option<String>, term: u64) -> u64 {
         let seq = self
             .seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             .wrapping_add(1);
-        self.written.lock().expect("status memo lock").insert(
-            key(set),
-            Written {
-                uid: set.metadata.uid.clone().unwrap_or_default(),
-                resource_version: None,
-                status,
-                seq,
-            },
-        );
+        let uid = set.metadata.uid.clone().unwrap_or_default();
+        let mut written = self.written.lock().expect("status memo lock");
+        let entry = written.entry(key(set)).or_insert_with(|| Written {
+            uid: uid.clone(),
+            landed: None,
+            pending: None,
+        });
+        if entry.uid != uid {
+            // A set recreated under the name: what landed on the old one says nothing.
+            *entry = Written {
+                uid,
+                landed: None,
+                pending: None,
+            };
+        }
+        entry.pending = Some(Pending { seq, term, status });
         seq
     }
 
     /// Remembers `patched`, the set as the API server returned it after the status patch of want
-    /// `seq`; nothing if a newer want is pending (its status is what reads must show).
+    /// `seq`: the want is no longer pending (a newer one stays), and what landed is shown to a
+    /// cached set older than `patched`. Nothing if the set was forgotten meanwhile.
     pub fn written(&self, seq: u64, patched: &StatefulSet) {
         let mut written = self.written.lock().expect("status memo lock");
-        let k = key(patched);
-        if written.get(&k).is_some_and(|w| w.seq != seq) {
-            return;
-        }
-        let (Some(uid), Some(resource_version)) = (patched.metadata.uid.clone(), version(patched))
-        else {
-            written.remove(&k);
+        let Some(entry) = written.get_mut(&key(patched)) else {
             return;
         };
-        let status = patched
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::STATUS))
-            .cloned();
-        written.insert(
-            k,
-            Written {
-                uid,
-                resource_version: Some(resource_version),
-                status,
-                seq,
-            },
-        );
+        if patched.metadata.uid.as_deref() != Some(entry.uid.as_str()) {
+            return;
+        }
+        if entry.pending.as_ref().is_some_and(|p| p.seq == seq) {
+            entry.pending = None;
+        }
+        if let Some(v) = version(patched)
+            && entry.landed.as_ref().is_none_or(|(landed, _)| *landed < v)
+        {
+            entry.landed = Some((v, status_of(patched)));
+        }
+    }
+
+    /// Gives up want `seq` on a set (the set is gone, or this replica may not write): it is no
+    /// longer shown; what landed before it still is.
+    pub fn abandon(&self, namespace: &str, name: &str, seq: u64) {
+        let mut written = self.written.lock().expect("status memo lock");
+        if let Some(entry) = written.get_mut(&format!("{namespace}/{name}"))
+            && entry.pending.as_ref().is_some_and(|p| p.seq == seq)
+        {
+            entry.pending = None;
+        }
     }
 
     /// Remembers `patched`, the set as the API server returned it after a status patch.
     #[cfg(test)]
     fn remember(&self, patched: &StatefulSet) {
-        let seq = self.want(patched, None);
+        let seq = self.want(patched, None, 0);
         self.written(seq, patched);
     }
 
-    /// The status a read of `cached` shows: the one wanted or written, if the cache has not
-    /// caught up with it, else the cached one.
-    pub fn status(&self, cached: &StatefulSet) -> Option<String> {
-        match self.overlay(cached) {
-            Some(set) => set.metadata.annotations?.remove(annotations::STATUS),
-            None => cached
-                .metadata
-                .annotations
-                .as_ref()?
-                .get(annotations::STATUS)
-                .cloned(),
+    /// The status a read of `cached` in leadership term `term` shows: the one wanted, or the
+    /// one written if the cache has not caught up with it, else the cached one.
+    pub fn status(&self, cached: &StatefulSet, term: u64) -> Option<String> {
+        match self.shown(cached, term) {
+            Some(status) => status,
+            None => status_of(cached),
         }
     }
 
-    /// Forgets want `seq` on a set (its patch failed for good), unless a newer one is pending.
-    pub fn abandon(&self, namespace: &str, name: &str, seq: u64) {
-        let mut written = self.written.lock().expect("status memo lock");
-        let k = format!("{namespace}/{name}");
-        if written.get(&k).is_some_and(|w| w.seq == seq) {
-            written.remove(&k);
-        }
-    }
-
-    /// `cached` with the remembered status if the cache has not caught up with the last patch
-    /// yet; `None` if `cached` is current (the memo entry is then dropped).
-    pub fn overlay(&self, cached: &StatefulSet) -> Option<StatefulSet> {
-        let k = key(cached);
-        let mut written = self.written.lock().expect("status memo lock");
-        let w = written.get(&k)?;
-        let same = cached.metadata.uid.as_deref() == Some(w.uid.as_str());
-        let older = match w.resource_version {
-            None => same,
-            Some(written) => same && version(cached).is_some_and(|v| v < written),
-        };
-        if !older {
-            written.remove(&k);
-            return None;
-        }
+    /// `cached` with the status wanted in term `term`, or with the status written if the cache
+    /// has not caught up with it yet; `None` if `cached` is current.
+    pub fn overlay(&self, cached: &StatefulSet, term: u64) -> Option<StatefulSet> {
+        let status = self.shown(cached, term)?;
         let mut set = cached.clone();
         let annotations = set
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
-        match &w.status {
-            Some(status) => annotations.insert(annotations::STATUS.to_owned(), status.clone()),
+        match status {
+            Some(status) => annotations.insert(annotations::STATUS.to_owned(), status),
             None => annotations.remove(annotations::STATUS),
         };
         Some(set)
+    }
+
+    /// The status to show instead of `cached`'s, if any (entries that have nothing left to show
+    /// are dropped).
+    fn shown(&self, cached: &StatefulSet, term: u64) -> Option<Option<String>> {
+        let k = key(cached);
+        let mut written = self.written.lock().expect("status memo lock");
+        let entry = written.get_mut(&k)?;
+        if cached.metadata.uid.as_deref() != Some(entry.uid.as_str()) {
+            written.remove(&k);
+            return None;
+        }
+        if entry.pending.as_ref().is_some_and(|p| p.term != term) {
+            entry.pending = None;
+        }
+        if let Some(p) = &entry.pending {
+            return Some(p.status.clone());
+        }
+        match &entry.landed {
+            Some((v, status)) if version(cached).is_some_and(|c| c < *v) => Some(status.clone()),
+            _ => {
+                written.remove(&k);
+                None
+            }
+        }
     }
 
     /// Forgets a set (deleted).
@@ -186,6 +212,59 @@ mod tests {
         }
     }
 
+    /// The calls of leadership term 0.
+    impl StatusMemo {
+        fn overlay_(&self, cached: &StatefulSet) -> Option<StatefulSet> {
+            self.overlay(cached, 0)
+        }
+        fn status_(&self, cached: &StatefulSet) -> Option<String> {
+            self.status(cached, 0)
+        }
+        fn want_(&self, set: &StatefulSet, status: Option<String>) -> u64 {
+            self.want(set, status, 0)
+        }
+    }
+
+    #[test]
+    fn a_want_of_an_earlier_leadership_term_is_never_shown() {
+        let memo = StatusMemo::default();
+        memo.want(&set("u", "100", None), Some("stale".into()), 1);
+        assert_eq!(
+            memo.status(&set("u", "100", Some("cached")), 2).as_deref(),
+            Some("cached")
+        );
+        assert_eq!(
+            memo.status(&set("u", "100", Some("cached")), 1).as_deref(),
+            Some("cached"),
+            "dropped for good"
+        );
+    }
+
+    #[test]
+    fn giving_up_a_want_still_shows_what_landed_before_it() {
+        let memo = StatusMemo::default();
+        memo.remember(&set("u", "120", Some("done")));
+        let next = memo.want_(&set("u", "100", None), Some("next".into()));
+        memo.abandon("ns", "web", next);
+        assert_eq!(
+            memo.status_(&set("u", "100", Some("draining"))).as_deref(),
+            Some("done")
+        );
+    }
+
+    #[test]
+    fn a_late_answer_for_a_forgotten_set_is_not_remembered() {
+        let memo = StatusMemo::default();
+        let seq = memo.want_(&set("u", "100", None), Some("a".into()));
+        memo.forget(&set("u", "100", None));
+        memo.written(seq, &set("u", "120", Some("a")));
+        assert_eq!(
+            memo.status_(&set("u", "100", Some("x"))).as_deref(),
+            Some("x")
+        );
+        assert!(memo.written.lock().unwrap().is_empty());
+    }
+
     fn status(s: &StatefulSet) -> Option<&str> {
         s.metadata
             .annotations
@@ -198,18 +277,18 @@ mod tests {
     fn a_stale_cache_reads_the_written_status() {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", Some("done")));
-        let stale = memo.overlay(&set("u", "100", Some("draining"))).unwrap();
+        let stale = memo.overlay_(&set("u", "100", Some("draining"))).unwrap();
         assert_eq!(status(&stale), Some("done"));
         assert_eq!(stale.metadata.resource_version.as_deref(), Some("100"));
         // Still stale on the next read.
-        assert!(memo.overlay(&set("u", "119", None)).is_some());
+        assert!(memo.overlay_(&set("u", "119", None)).is_some());
     }
 
     #[test]
     fn a_removed_status_is_removed_from_a_stale_cache_too() {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", None));
-        let stale = memo.overlay(&set("u", "100", Some("draining"))).unwrap();
+        let stale = memo.overlay_(&set("u", "100", Some("draining"))).unwrap();
         assert_eq!(status(&stale), None);
     }
 
@@ -217,28 +296,28 @@ mod tests {
     fn a_current_or_newer_cache_wins_and_ends_the_memo() {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", Some("done")));
-        assert!(memo.overlay(&set("u", "120", Some("done"))).is_none());
+        assert!(memo.overlay_(&set("u", "120", Some("done"))).is_none());
         assert!(
-            memo.overlay(&set("u", "100", Some("old"))).is_none(),
+            memo.overlay_(&set("u", "100", Some("old"))).is_none(),
             "entry dropped"
         );
 
         memo.remember(&set("u", "120", Some("done")));
-        assert!(memo.overlay(&set("u", "130", Some("other"))).is_none());
+        assert!(memo.overlay_(&set("u", "130", Some("other"))).is_none());
     }
 
     #[test]
     fn a_recreated_set_or_an_opaque_version_is_never_overlaid() {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", Some("done")));
-        assert!(memo.overlay(&set("other-uid", "100", None)).is_none());
+        assert!(memo.overlay_(&set("other-uid", "100", None)).is_none());
 
         memo.remember(&set("u", "120", Some("done")));
-        assert!(memo.overlay(&set("u", "not-a-number", None)).is_none());
+        assert!(memo.overlay_(&set("u", "not-a-number", None)).is_none());
 
         memo.remember(&set("u", "opaque", Some("done")));
         assert!(
-            memo.overlay(&set("u", "1", None)).is_none(),
+            memo.overlay_(&set("u", "1", None)).is_none(),
             "not remembered"
         );
     }
@@ -248,21 +327,21 @@ mod tests {
         let memo = StatusMemo::default();
         memo.remember(&set("u", "120", Some("done")));
         memo.forget(&set("u", "100", None));
-        assert!(memo.overlay(&set("u", "100", None)).is_none());
+        assert!(memo.overlay_(&set("u", "100", None)).is_none());
     }
 
     #[test]
     fn a_pending_want_is_shown_to_every_read_of_the_same_set() {
         let memo = StatusMemo::default();
-        memo.want(&set("u", "100", None), Some("wanted".into()));
+        memo.want_(&set("u", "100", None), Some("wanted".into()));
         for rv in ["90", "100", "500"] {
             assert_eq!(
-                memo.status(&set("u", rv, Some("cached"))).as_deref(),
+                memo.status_(&set("u", rv, Some("cached"))).as_deref(),
                 Some("wanted")
             );
         }
         assert_eq!(
-            memo.status(&set("other-uid", "1", Some("cached")))
+            memo.status_(&set("other-uid", "1", Some("cached")))
                 .as_deref(),
             Some("cached"),
             "a recreated set is read as it is"
@@ -272,11 +351,11 @@ mod tests {
     #[test]
     fn an_older_want_written_late_does_not_hide_a_newer_pending_one() {
         let memo = StatusMemo::default();
-        let first = memo.want(&set("u", "100", None), Some("first".into()));
-        memo.want(&set("u", "100", None), Some("second".into()));
+        let first = memo.want_(&set("u", "100", None), Some("first".into()));
+        memo.want_(&set("u", "100", None), Some("second".into()));
         memo.written(first, &set("u", "120", Some("first")));
         assert_eq!(
-            memo.status(&set("u", "130", Some("first"))).as_deref(),
+            memo.status_(&set("u", "130", Some("first"))).as_deref(),
             Some("second")
         );
     }
@@ -284,14 +363,14 @@ mod tests {
     #[test]
     fn a_written_want_is_shown_until_the_cache_catches_up() {
         let memo = StatusMemo::default();
-        let seq = memo.want(&set("u", "100", None), Some("wanted".into()));
+        let seq = memo.want_(&set("u", "100", None), Some("wanted".into()));
         memo.written(seq, &set("u", "120", Some("wanted")));
         assert_eq!(
-            memo.status(&set("u", "110", None)).as_deref(),
+            memo.status_(&set("u", "110", None)).as_deref(),
             Some("wanted")
         );
         assert_eq!(
-            memo.status(&set("u", "120", Some("cache"))).as_deref(),
+            memo.status_(&set("u", "120", Some("cache"))).as_deref(),
             Some("cache")
         );
     }
@@ -299,14 +378,14 @@ mod tests {
     #[test]
     fn abandon_drops_only_its_own_want() {
         let memo = StatusMemo::default();
-        let first = memo.want(&set("u", "100", None), Some("first".into()));
-        let second = memo.want(&set("u", "100", None), Some("second".into()));
+        let first = memo.want_(&set("u", "100", None), Some("first".into()));
+        let second = memo.want_(&set("u", "100", None), Some("second".into()));
         memo.abandon("ns", "web", first);
         assert_eq!(
-            memo.status(&set("u", "100", None)).as_deref(),
+            memo.status_(&set("u", "100", None)).as_deref(),
             Some("second")
         );
         memo.abandon("ns", "web", second);
-        assert_eq!(memo.status(&set("u", "100", None)), None);
+        assert_eq!(memo.status_(&set("u", "100", None)), None);
     }
 }

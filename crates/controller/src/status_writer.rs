@@ -53,10 +53,21 @@ struct Job {
     target: Target,
     status: Option<String>,
     seq: u64,
+    /// The leadership term it was wanted in.
+    term: u64,
 }
 
-/// Per set: the status waiting to be written. A set has an entry exactly while its task runs.
-type Slots = HashMap<(SetKind, String, String), Option<Job>>;
+/// One set's writer.
+#[derive(Default)]
+struct Slot {
+    /// The status waiting to be written.
+    job: Option<Job>,
+    /// Ends the wait before a retry when a newer status is handed in.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+/// Per set: its writer. A set has an entry exactly while its task runs.
+type Slots = HashMap<(SetKind, String, String), Slot>;
 
 /// The status writer of every set (see the module documentation).
 #[derive(Clone)]
@@ -97,7 +108,9 @@ impl StatusWriter {
     /// `cached` with the status last wanted or written on it, if the cache has not caught up
     /// with it yet (see [`StatusMemo::overlay`]).
     pub fn overlay(&self, cached: &StatefulSet) -> Option<StatefulSet> {
-        self.inner.memo.overlay(cached)
+        self.inner
+            .memo
+            .overlay(cached, self.inner.leadership.term())
     }
 
     /// Forgets a set (being deleted).
@@ -109,10 +122,11 @@ impl StatusWriter {
     /// set shows already (read through the memo) or this replica may not act.
     pub fn submit(&self, kind: SetKind, set: &StatefulSet, status: Option<String>) {
         let inner = &self.inner;
-        if inner.memo.status(set) == status || !inner.leadership.is_leading() {
+        let term = inner.leadership.term();
+        if inner.memo.status(set, term) == status || !inner.leadership.is_leading() {
             return;
         }
-        let seq = inner.memo.want(set, status.clone());
+        let seq = inner.memo.want(set, status.clone(), term);
         let target = Target {
             kind,
             namespace: set.metadata.namespace.clone().unwrap_or_default(),
@@ -124,13 +138,24 @@ impl StatusWriter {
             target,
             status,
             seq,
+            term,
         };
         let mut slots = inner.slots.lock().expect("status writer lock");
         match slots.get_mut(&key) {
-            // Its task runs: it writes this one next (a status waiting before it is dropped).
-            Some(slot) => *slot = Some(job),
+            // Its task runs: it writes this one next (a status waiting before it is dropped),
+            // at once if it waits to retry an older one.
+            Some(slot) => {
+                slot.job = Some(job);
+                slot.wake.notify_one();
+            }
             None => {
-                slots.insert(key.clone(), Some(job));
+                slots.insert(
+                    key.clone(),
+                    Slot {
+                        job: Some(job),
+                        wake: Arc::default(),
+                    },
+                );
                 tokio::spawn(Arc::clone(inner).write(key));
             }
         }
@@ -140,12 +165,14 @@ impl StatusWriter {
 impl Inner {
     /// The task of one set: writes the status waiting until none is left.
     async fn write(self: Arc<Self>, key: (SetKind, String, String)) {
-        let mut failures = 0;
+        // Failed tries of the status last tried (a newer status starts at the first delay).
+        let mut failures: (u64, u32) = (0, 0);
         loop {
-            let job = {
+            let (job, wake) = {
                 let mut slots = self.slots.lock().expect("status writer lock");
-                match slots.get_mut(&key).and_then(Option::take) {
-                    Some(job) => job,
+                let slot = slots.get_mut(&key);
+                match slot.and_then(|s| Some((s.job.take()?, Arc::clone(&s.wake)))) {
+                    Some(next) => next,
                     None => {
                         slots.remove(&key);
                         return;
@@ -156,24 +183,25 @@ impl Inner {
                 target,
                 status,
                 seq,
+                term,
             } = job.clone();
-            if !self.leadership.is_leading() {
+            if failures.0 != seq {
+                failures = (seq, 0);
+            }
+            if !self.leadership.is_leading() || self.leadership.term() != term {
                 // The new leader plans and writes afresh.
                 self.memo.abandon(&target.namespace, &target.name, seq);
                 continue;
             }
             match (self.patch)(target.clone(), status).await {
-                Ok(Some(patched)) => {
-                    failures = 0;
-                    self.memo.written(seq, &patched);
-                }
+                Ok(Some(patched)) => self.memo.written(seq, &patched),
                 Ok(None) => {
                     debug!(statefulset = %target.name, namespace = %target.namespace, "set gone or replaced; its status is not written");
                     self.memo.abandon(&target.namespace, &target.name, seq);
                 }
                 Err(e) => {
-                    failures += 1;
-                    let delay = plan::backoff(failures, self.retry.0, self.retry.1);
+                    failures.1 += 1;
+                    let delay = plan::backoff(failures.1, self.retry.0, self.retry.1);
                     warn!(statefulset = %target.name, namespace = %target.namespace, error = %e, ?delay, "failed to write the drain status; retrying");
                     self.metrics
                         .reconcile_errors
@@ -184,11 +212,16 @@ impl Inner {
                     {
                         // Tried again, unless a newer status is waiting by now.
                         let mut slots = self.slots.lock().expect("status writer lock");
-                        if let Some(slot @ None) = slots.get_mut(&key) {
-                            *slot = Some(job);
+                        if let Some(slot) = slots.get_mut(&key)
+                            && slot.job.is_none()
+                        {
+                            slot.job = Some(job);
                         }
                     }
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = wake.notified() => {}
+                    }
                 }
             }
         }
@@ -349,6 +382,30 @@ mod tests {
         assert_eq!(fake.seen.recv().await, Some(Some("b".into())));
         idle(&w).await;
         assert!(fake.seen.try_recv().is_err(), "\"a\" is not retried");
+    }
+
+    #[tokio::test]
+    async fn a_newer_status_is_written_at_once_while_a_failed_one_waits_to_be_retried() {
+        let (w, mut fake) = writer(vec![Err(500)]);
+        let long = StatusWriter {
+            inner: Arc::new(Inner {
+                retry: (Duration::from_secs(3600), Duration::from_secs(3600)),
+                memo: StatusMemo::default(),
+                slots: Mutex::default(),
+                patch: Arc::clone(&w.inner.patch),
+                leadership: Leadership::always(),
+                metrics: Arc::default(),
+            }),
+        };
+        fake.gate.add_permits(10);
+        long.submit(SetKind::StatefulSet, &set("100", None), Some("a".into()));
+        assert_eq!(fake.seen.recv().await, Some(Some("a".into())));
+        // "a" failed and waits an hour; "b" does not.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        long.submit(SetKind::StatefulSet, &set("100", None), Some("b".into()));
+        let next = tokio::time::timeout(Duration::from_secs(5), fake.seen.recv()).await;
+        assert_eq!(next.expect("written at once"), Some(Some("b".into())));
+        idle(&long).await;
     }
 
     #[tokio::test]

@@ -502,12 +502,13 @@ fn the_status_written_alongside_the_actions_keeps_only_the_errors_of_ordinals_ac
     assert!(errors_kept(&set, &[warn(3)]).is_empty());
 }
 
-fn drain_pod_named(name: &str, uid: &str, set: &str) -> Pod {
+fn drain_pod_named(name: &str, uid: &str, set: &str, version: u64) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some("ns".to_owned()),
             uid: Some(uid.to_owned()),
+            resource_version: Some(version.to_string()),
             labels: Some([(labels::DRAIN_POD.to_owned(), set.to_owned())].into()),
             ..ObjectMeta::default()
         },
@@ -515,32 +516,41 @@ fn drain_pod_named(name: &str, uid: &str, set: &str) -> Pod {
     }
 }
 
+fn created(name: &str, uid: &str, set: &str, version: u64) -> (String, u64, Pod) {
+    (
+        name.to_owned(),
+        version,
+        drain_pod_named(name, uid, set, version),
+    )
+}
+
 #[test]
 fn a_drain_pod_we_created_is_read_before_its_watch_delivers_it() {
-    let cached = vec![Arc::new(drain_pod_named("web-1", "cached", "web"))];
-    let created = vec![
-        ("web-2".to_owned(), drain_pod_named("web-2", "ours", "web")),
-        (
-            "db-2".to_owned(),
-            drain_pod_named("db-2", "other set", "db"),
-        ),
+    let cached = vec![Arc::new(drain_pod_named("web-1", "cached", "web", 10))];
+    let ours = vec![
+        created("web-2", "ours", "web", 20),
+        created("db-2", "other set", "db", 21),
     ];
-    let read = with_created(cached, created, "web");
+    let read = with_created(cached, ours, "web");
     let uids: Vec<_> = read.iter().map(|p| p.uid().unwrap()).collect();
     assert_eq!(uids, ["cached", "ours"]);
 }
 
 #[test]
-fn a_drain_pod_we_created_replaces_a_gone_pod_of_its_name_the_cache_still_shows() {
-    let cached = vec![Arc::new(drain_pod_named("web-2", "gone", "web"))];
-    let created = vec![("web-2".to_owned(), drain_pod_named("web-2", "ours", "web"))];
-    let read = with_created(cached, created, "web");
+fn a_drain_pod_we_created_replaces_only_an_older_cached_pod_of_its_name() {
+    // The cache still shows the gone pod of an earlier attempt.
+    let cached = vec![Arc::new(drain_pod_named("web-2", "gone", "web", 10))];
+    let read = with_created(cached, vec![created("web-2", "ours", "web", 20)], "web");
     assert_eq!(read.len(), 1);
     assert_eq!(read[0].uid().as_deref(), Some("ours"));
 
-    let cached = vec![Arc::new(drain_pod_named("web-2", "ours", "web"))];
-    let created = vec![("web-2".to_owned(), drain_pod_named("web-2", "ours", "web"))];
-    assert_eq!(with_created(cached, created, "web").len(), 1, "not twice");
+    // The cache holds ours already, updated since (or a newer pod of that name): it wins.
+    for uid in ["ours", "newer"] {
+        let cached = vec![Arc::new(drain_pod_named("web-2", uid, "web", 30))];
+        let read = with_created(cached, vec![created("web-2", "ours", "web", 20)], "web");
+        assert_eq!(read.len(), 1, "not twice");
+        assert_eq!(read[0].resource_version().as_deref(), Some("30"));
+    }
 }
 
 #[test]
