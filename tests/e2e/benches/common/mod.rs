@@ -53,6 +53,17 @@ fn is_drain(p: &Pod) -> bool {
     p.labels().contains_key(drain_api::labels::DRAIN_POD)
 }
 
+/// With `STSD_BENCH_TRACE` set, prints when this program saw `what` happen to `name` (wall
+/// clock, to set beside the controller's log).
+fn trace(what: &str, name: &str) {
+    if std::env::var_os("STSD_BENCH_TRACE").is_some() {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        eprintln!("trace {:.3} {what} {name}", at.as_secs_f64());
+    }
+}
+
 fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
     match event {
         watcher::Event::Apply(p) => {
@@ -64,6 +75,7 @@ fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
                 {
                     seen.drain_created.insert(name.clone(), at);
                     seen.reactions.push(at - gone);
+                    trace("created", &name);
                 }
                 let succeeded =
                     p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
@@ -79,6 +91,7 @@ fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
                 seen.drain_created.remove(&name);
                 seen.drain_succeeded.remove(&name);
             } else {
+                trace("gone", &name);
                 seen.stateful_gone.insert(name, at);
             }
         }
