@@ -111,8 +111,8 @@ pub trait Cluster: Sync {
         annotations: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<Patched, kube::Error>> + Send;
     /// Whether `ordinal` is still outside the set's range, read live from the API server (a
-    /// guard against a stale cache just before a create); `false` if the set is gone, was
-    /// replaced or is being deleted.
+    /// guard against a stale cache, read alongside a drain pod's create); `false` if the set is
+    /// gone, was replaced or is being deleted.
     fn still_orphaned(
         &self,
         ordinal: i32,
@@ -128,6 +128,12 @@ pub trait Cluster: Sync {
     /// action; always `true` without leader election).
     fn may_act(&self) -> bool {
         true
+    }
+    /// Whether a drain pod's create must wait for the live read ([`Cluster::still_orphaned`])
+    /// instead of going out alongside it: while that read fails for the set (a create would only
+    /// be withdrawn, and its pod's events would retry it at once).
+    fn confirm_first(&self) -> bool {
+        false
     }
 }
 
@@ -553,8 +559,16 @@ async fn clear_record<C: Cluster>(cluster: &C, claims: &[ClaimRef]) -> Result<Ou
     annotate_all(cluster, claims, &clear).await
 }
 
-/// Starts a new series on the claims if the plan says so, creates the drain pod (after a live
-/// check that the ordinal is still out of range) and records its UID on the claims.
+/// Starts a new series on the claims if the plan says so, creates the drain pod and records its
+/// UID on the claims.
+///
+/// The live check that the ordinal is still out of range (a guard against a stale cache) runs
+/// alongside the create rather than before it: one round trip instead of two between a pod's
+/// going and its drain pod. A create the live set proves wrong is withdrawn at once (deleted
+/// with its UID as a precondition, its claims unrecorded), long before a node could start it;
+/// had it started, it would be a drain stopped by a delete, which never counts as a success
+/// (the same as a scale-up just after the create). A set that cannot be read also withdraws it,
+/// and from then on the read goes first ([`Cluster::confirm_first`]) until it succeeds.
 async fn create_drain_pod<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,
@@ -568,20 +582,6 @@ async fn create_drain_pod<C: Cluster>(
         .template
         .ok_or_else(|| ActError::NoTemplate { name: name.clone() })?;
     let refs: Vec<ClaimRef> = claims.values().cloned().collect();
-    let orphaned = cluster
-        .still_orphaned(ordinal)
-        .await
-        .map_err(|source| ActError::Confirm {
-            what: "the statefulset".to_owned(),
-            source,
-        })?;
-    if !orphaned {
-        info!(
-            ordinal,
-            "the ordinal is back in range (the cache lagged); no drain pod"
-        );
-        return Ok(Outcome::Stale("ordinal back in range"));
-    }
     let pod = template.pod(&DrainPodInput {
         ordinal,
         replicas: ctx.replicas,
@@ -590,15 +590,27 @@ async fn create_drain_pod<C: Cluster>(
             .map(|(t, c)| (t.clone(), (c.name.clone(), c.uid.clone())))
             .collect(),
     });
-    let created = cluster
-        .create_pod(&pod)
-        .await
-        .map_err(|source| ActError::CreateDrainPod {
-            name: name.clone(),
-            source,
-        })?;
-    match created {
-        Created::Uid(uid) => {
+    let confirm = |source| ActError::Confirm {
+        what: "the statefulset".to_owned(),
+        source,
+    };
+    let (orphaned, created) = if cluster.confirm_first() {
+        if !cluster.still_orphaned(ordinal).await.map_err(confirm)? {
+            return Ok(back_in_range(ordinal));
+        }
+        (Ok(true), cluster.create_pod(&pod).await)
+    } else {
+        let (orphaned, created) =
+            futures::join!(cluster.still_orphaned(ordinal), cluster.create_pod(&pod));
+        (orphaned.map_err(confirm), created)
+    };
+    let created = match (created, &orphaned) {
+        (Ok(created), _) => created,
+        (Err(_), Ok(false)) => return Ok(back_in_range(ordinal)),
+        (Err(source), _) => return Err(ActError::CreateDrainPod { name, source }),
+    };
+    match (created, orphaned) {
+        (Created::Uid(uid), Ok(true)) => {
             info!(pod = %name, attempt, "created drain pod");
             let mut record = set(&[(claim_annotations::POD_UID, uid.clone())]);
             if let Some((at, hash)) = new_series {
@@ -610,11 +622,33 @@ async fn create_drain_pod<C: Cluster>(
             annotate_all(cluster, &refs, &record).await?;
             Ok(Outcome::Created(uid))
         }
-        Created::AlreadyExists => {
+        (Created::Uid(uid), unconfirmed) => {
+            cluster
+                .delete_pod(&name, &uid, None)
+                .await
+                .map_err(|source| ActError::DeleteDrainPod {
+                    name: name.clone(),
+                    source,
+                })?;
+            info!(pod = %name, "drain pod withdrawn right after its create: the live set did not confirm its ordinal out of range");
+            unconfirmed.map(|_| back_in_range(ordinal))
+        }
+        (Created::AlreadyExists, Ok(false)) => Ok(back_in_range(ordinal)),
+        (Created::AlreadyExists, Err(e)) => Err(e),
+        (Created::AlreadyExists, Ok(true)) => {
             info!(pod = %name, "a pod named like the drain pod exists; waiting for it");
             Ok(Outcome::NameTaken)
         }
     }
+}
+
+/// The live set has `ordinal` in range again: the plan was made from a stale cache.
+fn back_in_range(ordinal: i32) -> Outcome {
+    info!(
+        ordinal,
+        "the ordinal is back in range (the cache lagged); no drain pod"
+    );
+    Outcome::Stale("ordinal back in range")
 }
 
 /// Writes `annotations` to each claim in turn; [`Outcome::ClaimGone`] (and nothing written to

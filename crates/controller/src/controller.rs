@@ -31,7 +31,7 @@ use crate::act::{
 use crate::leader::Leadership;
 use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry, version_of};
 use crate::metrics::Metrics;
-use crate::recent::Recent;
+use crate::recent::{self, Recent};
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
 use crate::status_writer::{Patcher, StatusWriter, Target};
@@ -117,6 +117,9 @@ pub struct Context {
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<SetId, u32>>,
+    /// The sets whose last live read before a drain pod's create failed: their creates wait for
+    /// the read until it succeeds again ([`Cluster::confirm_first`]).
+    reads_failing: Mutex<std::collections::HashSet<SetId>>,
     /// Writes the status in the background, and shows the status last wanted or written per set
     /// to reads from a cache that has not caught up yet.
     status: StatusWriter,
@@ -151,6 +154,8 @@ struct Recents {
     pods: Recent<Pod>,
     /// Claims we annotated.
     claims: Recent<ClaimEntry>,
+    /// Drain pods we deleted.
+    deleted_pods: recent::Deleted,
 }
 
 /// The caches of the secondary watches (the StatefulSet cache is the controller's own).
@@ -739,6 +744,7 @@ pub async fn run(
         claim_index,
         config,
         failures: Mutex::default(),
+        reads_failing: Mutex::default(),
         status,
         dry_run_reported: Mutex::default(),
         metrics: telemetry.metrics,
@@ -840,6 +846,9 @@ struct KubeCluster<'a, K> {
     /// has its name), made once per act phase: a scale-down by several ordinals creates their
     /// drain pods at once, and one read serves them all (a failed read is not kept).
     live: tokio::sync::OnceCell<(Option<K>, bool)>,
+    /// The sets whose live read failed last ([`Context`]'s), and this set's key in it.
+    reads_failing: &'a Mutex<std::collections::HashSet<SetId>>,
+    id: SetId,
 }
 
 fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
@@ -889,6 +898,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         self.leadership.is_leading()
     }
 
+    fn confirm_first(&self) -> bool {
+        self.reads_failing
+            .lock()
+            .expect("reads lock")
+            .contains(&self.id)
+    }
+
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -920,7 +936,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         let result = self.pods.delete(name, &params).await;
         self.metrics.request("delete", "pods", &result);
         match result {
-            Ok(_) => Ok(Deleted::Deleted),
+            Ok(_) => {
+                self.recent.deleted_pods.deleted(uid);
+                Ok(Deleted::Deleted)
+            }
             Err(kube::Error::Api(s))
                 if s.code == 409
                     && resource_version.is_some()
@@ -984,7 +1003,14 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
                     }
                 });
                 self.metrics.request("get", "statefulsets", &result);
-                Ok::<_, kube::Error>((result?, twin?))
+                let read = result.and_then(|set| Ok((set, twin?)));
+                let mut failing = self.reads_failing.lock().expect("reads lock");
+                if read.is_ok() {
+                    failing.remove(&self.id);
+                } else {
+                    failing.insert(self.id.clone());
+                }
+                read
             })
             .await?;
         let Some(set) = set else {
@@ -1144,6 +1170,16 @@ fn with_created(
     cached
 }
 
+/// Marks the drain pods we deleted as terminating, whatever the cache still shows of them
+/// ([`recent::Deleted`]): only the flag, never a deletion time.
+fn mark_deleted(pods: &mut [plan::PodObs], deleted: &recent::Deleted) {
+    for pod in pods {
+        if matches!(pod.kind, plan::PodKind::Drain(_)) && deleted.contains(&pod.uid) {
+            pod.terminating = true;
+        }
+    }
+}
+
 /// Reads one set's snapshot from the caches, through the per-set indexes.
 fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::Snapshot {
     let name = set.name_any();
@@ -1186,6 +1222,7 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
+    mark_deleted(&mut snap.pods, &ctx.recent.deleted_pods);
     if only_in_flight {
         // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.
         let drained: std::collections::BTreeSet<i32> = snap
@@ -1302,6 +1339,8 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,
             live: tokio::sync::OnceCell::new(),
+            reads_failing: &ctx.reads_failing,
+            id: set_id(kind, &set),
         };
         let act_ctx = ActCtx {
             set_name: &name,

@@ -119,6 +119,32 @@ impl<T: Clone> Recent<T> {
     }
 }
 
+/// The UIDs of the pods we deleted, for [`TTL`] at most: a deleted drain pod is read as
+/// terminating (waited for: neither recorded on its claims nor deleted again) even while the
+/// cache still shows it as it was. Deleting a pod that was not scheduled yet removes it at once,
+/// and the API server's answer then carries no deletion timestamp nor a newer version than the
+/// cache may hold, so [`Recent`] cannot keep it. Only the flag is read, never a time: whether a
+/// drain pod finished before it was asked to stop is judged from the pod's own fields.
+#[derive(Default)]
+pub struct Deleted {
+    at: Mutex<HashMap<String, Instant>>,
+}
+
+impl Deleted {
+    /// We deleted the pod with this UID (the API server accepted the delete).
+    pub fn deleted(&self, uid: &str) {
+        let mut at = self.at.lock().expect("deleted pods lock");
+        at.retain(|_, t| t.elapsed() < TTL);
+        at.insert(uid.to_owned(), Instant::now());
+    }
+
+    /// Whether we deleted the pod with this UID within [`TTL`].
+    pub fn contains(&self, uid: &str) -> bool {
+        let at = self.at.lock().expect("deleted pods lock");
+        at.get(uid).is_some_and(|t| t.elapsed() < TTL)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +187,15 @@ mod tests {
         assert_eq!(r.newer_than("ns", "a", 5), Some("second"));
         r.wrote("ns", "a", Some("9"), "answered late");
         assert_eq!(r.newer_than("ns", "a", 5), Some("second"));
+    }
+
+    #[test]
+    fn a_deleted_pod_is_known_by_its_uid_only() {
+        let d = Deleted::default();
+        assert!(!d.contains("u1"));
+        d.deleted("u1");
+        assert!(d.contains("u1"));
+        assert!(!d.contains("u2"), "another pod, perhaps of the same name");
     }
 
     #[test]

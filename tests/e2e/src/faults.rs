@@ -467,6 +467,120 @@ impl StatusWriteDenial {
     }
 }
 
+// --- RBAC -----------------------------------------------------------------------------------
+
+/// The controller's identity as the single-namespace install ships it, in one test namespace: a
+/// ServiceAccount with the shipped Role's rules (`artifacts/overlays/single-namespace/rbac.yaml`)
+/// and a kubeconfig that acts as it (the admin's credentials, impersonating the account), for
+/// [`ControllerProcess::start_with_kubeconfig`](crate::ControllerProcess::start_with_kubeconfig).
+/// The account and its Role go with the namespace; the kubeconfig file when this is dropped.
+pub struct ControllerIdentity {
+    ns: String,
+    /// The kubeconfig that acts as the account.
+    pub kubeconfig: std::path::PathBuf,
+}
+
+/// The ServiceAccount's (and Role's) name, as shipped.
+const CONTROLLER_ACCOUNT: &str = "statefulset-drain-controller";
+
+impl ControllerIdentity {
+    /// Creates the account, its Role as shipped but with each `(from, to)` text replacement made
+    /// in the Role's rules (each `from` must occur), and the kubeconfig.
+    pub async fn create(
+        client: &Client,
+        ns: &TestNamespace,
+        edits: &[(&str, &str)],
+    ) -> Result<Self> {
+        let account: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": CONTROLLER_ACCOUNT}}))?;
+        Api::namespaced(client.clone(), &ns.name)
+            .create(&Default::default(), &account)
+            .await?;
+        let identity = Self {
+            ns: ns.name.clone(),
+            kubeconfig: crate::release_dir()
+                .join("e2e-logs")
+                .join(format!("kubeconfig-{}.json", ns.name)),
+        };
+        identity.apply_role(edits)?;
+        let mut config = kube::config::Kubeconfig::read_from(crate::kubeconfig_path())?;
+        for user in &mut config.auth_infos {
+            if let Some(auth) = user.auth_info.as_mut() {
+                auth.impersonate = Some(identity.user());
+            }
+        }
+        std::fs::create_dir_all(identity.kubeconfig.parent().context("log dir")?)?;
+        std::fs::write(&identity.kubeconfig, serde_json::to_vec(&config)?)?;
+        Ok(identity)
+    }
+
+    /// The account's user name.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{CONTROLLER_ACCOUNT}", self.ns)
+    }
+
+    /// Applies the shipped Role and RoleBinding in the namespace, with `edits` made to the text.
+    pub fn apply_role(&self, edits: &[(&str, &str)]) -> Result<()> {
+        let mut text = std::fs::read_to_string(
+            repo_root().join("artifacts/overlays/single-namespace/rbac.yaml"),
+        )?;
+        for (from, to) in edits {
+            ensure!(text.contains(from), "{from:?} is not in the shipped Role");
+            text = text.replacen(from, to, 1);
+        }
+        let text = text
+            .replace("namespace: default", &format!("namespace: {}", self.ns))
+            .replace(
+                "namespace: statefulset-drain-system",
+                &format!("namespace: {}", self.ns),
+            );
+        let mut child = kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(text.as_bytes())?;
+        ensure!(child.wait()?.success(), "kubectl apply of the Role failed");
+        Ok(())
+    }
+
+    /// Waits until the API server's answer to "may the account `verb` `resource`?" is `allowed`
+    /// (RBAC changes take effect within moments, not at once).
+    pub async fn wait_can(&self, verb: &str, resource: &str, allowed: bool) -> Result<()> {
+        let want = if allowed { "yes" } else { "no" };
+        wait_for(
+            T,
+            &format!("{} may {verb} {resource}: {want}", self.user()),
+            || async {
+                let out = kubectl()
+                    .args([
+                        "auth",
+                        "can-i",
+                        verb,
+                        resource,
+                        "-n",
+                        &self.ns,
+                        "--as",
+                        &self.user(),
+                    ])
+                    .output()?;
+                Ok(String::from_utf8_lossy(&out.stdout).trim() == want)
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for ControllerIdentity {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
 // --- the example datastore ------------------------------------------------------------------
 
 /// The example datastore's StatefulSet name.

@@ -301,7 +301,25 @@ impl ControllerProcess {
         Self::spawn(namespace, namespace, extra, filter)
     }
 
+    /// Like [`start`](Self::start), talking to the cluster with this kubeconfig (another
+    /// identity than the admin's, e.g. [`faults::ControllerIdentity`]).
+    pub fn start_with_kubeconfig(namespace: &str, kubeconfig: &Path, extra: &[&str]) -> Self {
+        let filter =
+            std::env::var("STSD_E2E_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Self::spawn_with(namespace, namespace, extra, &filter, kubeconfig)
+    }
+
     fn spawn(namespace: &str, log_name: &str, extra: &[&str], filter: &str) -> Self {
+        Self::spawn_with(namespace, log_name, extra, filter, &kubeconfig_path())
+    }
+
+    fn spawn_with(
+        namespace: &str,
+        log_name: &str,
+        extra: &[&str],
+        filter: &str,
+        kubeconfig: &Path,
+    ) -> Self {
         let bin = release_dir().join("statefulset-drain-controller");
         assert!(
             bin.exists(),
@@ -330,7 +348,7 @@ impl ControllerProcess {
                 "127.0.0.1:0",
             ])
             .args(extra)
-            .env("KUBECONFIG", kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", filter)
             .stdout(out.try_clone().expect("log"))
             .stderr(out)

@@ -7,13 +7,14 @@ use anyhow::{Context, Result, ensure};
 use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
 use drain_api::claim_annotations::APPROVED;
 use e2e::faults::{
-    StatusWriteDenial, assert_claim_unchanged, count_log_lines, drain_status, hold, ordinal_state,
-    wait_ordinal_state, wait_set_event,
+    ControllerIdentity, StatusWriteDenial, assert_claim_unchanged, count_log_lines, drain_status,
+    hold, ordinal_state, wait_ordinal_state, wait_set_event,
 };
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
@@ -85,6 +86,89 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
     denial.lift().await?;
     wait_ordinal_state(&ns, "web", 2, "done").await?;
     wait_ordinal_state(&ns, "web", 1, "done").await?;
+    Ok(())
+}
+
+/// The controller run as the single-namespace install's account, with a Role that lacks `get`
+/// on statefulsets (an RBAC denial of the live read that confirms each drain pod): the drain pod
+/// created alongside the first read is withdrawn at once, unrecorded, with a `ReadFailed`
+/// Warning and a log line; the retries read first and create nothing; the claim stays. Once the
+/// Role is as shipped, the drain runs and deletes the claim. The rest of the shipped Role is
+/// enough: nothing else is forbidden.
+#[tokio::test]
+async fn a_role_without_get_on_statefulsets_withdraws_the_drain_pod_and_keeps_the_claim()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-rbac-read").await?;
+    let shipped = r#"verbs: ["get", "list", "watch", "patch"]"#;
+    let no_get = r#"verbs: ["list", "watch", "patch"]"#;
+    let identity = ControllerIdentity::create(&client, &ns, &[(shipped, no_get)]).await?;
+    identity.wait_can("get", "statefulsets.apps", false).await?;
+    identity
+        .wait_can("watch", "statefulsets.apps", true)
+        .await?;
+    let controller = ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .parallel();
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let uid = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let warnings = wait_set_event(&ns, "web", "ReadFailed").await?;
+    ensure!(
+        warnings.iter().any(|w| w.contains("forbidden")),
+        "the Warning names the denial: {warnings:?}"
+    );
+    let claims = ns.api::<PersistentVolumeClaim>();
+    hold(
+        Duration::from_secs(6),
+        "the claim stays, unrecorded",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
+            let claim = claims.get("data-web-2").await?;
+            ensure!(
+                !claim
+                    .annotations()
+                    .contains_key(drain_api::claim_annotations::POD_UID),
+                "a withdrawn drain pod was recorded on the claim: {:?}",
+                claim.annotations()
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let withdrawn = count_log_lines(
+        &controller.log,
+        "drain pod withdrawn right after its create",
+    )?;
+    let tries = count_log_lines(&controller.log, "action failed; retrying with backoff")?;
+    ensure!(
+        withdrawn == 1 && tries >= 2,
+        "the first drain pod withdrawn and logged, then the read made before any create: \
+         {withdrawn} withdrawn in {tries} tries"
+    );
+    ensure!(
+        events(&ns, "DrainPodCreated").await?.is_empty(),
+        "a withdrawn drain pod was reported as created"
+    );
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
+
+    identity.apply_role(&[])?;
+    identity.wait_can("get", "statefulsets.apps", true).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    let forbidden = count_log_lines(&controller.log, "forbidden")?;
+    let denied_reads = count_log_lines(&controller.log, "failed to read the statefulset")?;
+    ensure!(
+        forbidden <= denied_reads,
+        "only the live read was forbidden ({forbidden} lines name a denial, {denied_reads} the read)"
+    );
     Ok(())
 }
 

@@ -24,6 +24,10 @@ struct Fake {
     exists: bool,
     /// The live set has the ordinal back in range.
     back_in_range: bool,
+    /// Reading the live set fails.
+    live_set_unreadable: bool,
+    /// Creates wait for the live read.
+    confirm_first: bool,
     /// The live pod UID behind the drain pod's name.
     live_pod: Option<String>,
     /// What a pod delete comes to.
@@ -119,6 +123,9 @@ impl Cluster for Fake {
         })
     }
     async fn still_orphaned(&self, _ordinal: i32) -> Result<bool, kube::Error> {
+        if self.live_set_unreadable {
+            return Err(err());
+        }
         Ok(!self.back_in_range)
     }
     async fn pod_uid(&self, _name: &str) -> Result<Option<String>, kube::Error> {
@@ -129,6 +136,9 @@ impl Cluster for Fake {
             .lock()
             .unwrap()
             .push(Call::Event(event.reason.to_owned()));
+    }
+    fn confirm_first(&self) -> bool {
+        self.confirm_first
     }
     fn may_act(&self) -> bool {
         let n = self
@@ -538,13 +548,115 @@ async fn clearing_removes_every_drain_annotation() {
 }
 
 #[tokio::test]
-async fn no_drain_pod_when_the_live_set_has_the_ordinal_back() {
+async fn a_drain_pod_the_live_set_has_back_in_range_is_withdrawn_at_once_and_unrecorded() {
     let fake = Fake {
         back_in_range: true,
         ..Fake::default()
     };
     ok(run(&fake, &[create(1, true)]).await);
+    assert_eq!(
+        fake.calls(),
+        vec![
+            Call::Create("web-2".into()),
+            Call::DeletePod("web-2".into(), "new-uid".into(), None),
+        ],
+        "no claim is annotated and no DrainStarted event is published"
+    );
+}
+
+#[tokio::test]
+async fn a_drain_pod_whose_set_cannot_be_read_is_withdrawn_and_the_failure_retried() {
+    let fake = Fake {
+        live_set_unreadable: true,
+        ..Fake::default()
+    };
+    let failed = run(&fake, &[create(1, true)]).await;
+    assert_eq!(failed.len(), 1);
+    assert!(
+        matches!(failed[0].1, ActError::Confirm { .. }),
+        "{:?}",
+        failed[0].1
+    );
+    assert_eq!(
+        fake.calls(),
+        vec![
+            Call::Create("web-2".into()),
+            Call::DeletePod("web-2".into(), "new-uid".into(), None),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_withdrawal_that_fails_is_a_failure_and_no_claim_is_recorded() {
+    let fake = Fake {
+        back_in_range: true,
+        fail_on: Some("delete_pod"),
+        ..Fake::default()
+    };
+    let failed = run(&fake, &[create(1, true)]).await;
+    assert_eq!(failed[0].1.reason(), "DeleteDrainPodFailed");
+    assert!(
+        fake.calls()
+            .iter()
+            .all(|c| !matches!(c, Call::Annotate(..) | Call::Event(_))),
+        "{:?}",
+        fake.calls()
+    );
+}
+
+#[tokio::test]
+async fn while_the_live_read_fails_no_drain_pod_is_created_before_it() {
+    let fake = Fake {
+        live_set_unreadable: true,
+        confirm_first: true,
+        ..Fake::default()
+    };
+    let failed = run(&fake, &[create(1, true)]).await;
+    assert_eq!(failed[0].1.reason(), "ReadFailed");
     assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    let fake = Fake {
+        back_in_range: true,
+        confirm_first: true,
+        ..Fake::default()
+    };
+    ok(run(&fake, &[create(1, true)]).await);
+    assert!(fake.calls().is_empty(), "{:?}", fake.calls());
+    let fake = Fake {
+        confirm_first: true,
+        ..Fake::default()
+    };
+    ok(run(&fake, &[create(1, true)]).await);
+    assert_eq!(fake.calls()[0], Call::Create("web-2".into()));
+    assert!(
+        matches!(fake.calls()[1], Call::Annotate(..)),
+        "{:?}",
+        fake.calls()
+    );
+}
+
+#[tokio::test]
+async fn a_name_taken_or_a_failed_create_with_the_ordinal_back_is_no_failure() {
+    for (exists, fail_on) in [(true, None), (false, Some("create"))] {
+        let fake = Fake {
+            back_in_range: true,
+            exists,
+            fail_on,
+            ..Fake::default()
+        };
+        ok(run(&fake, &[create(1, true)]).await);
+        assert_eq!(fake.calls(), vec![Call::Create("web-2".into())]);
+    }
+}
+
+#[tokio::test]
+async fn a_failed_create_is_reported_as_such_even_if_the_set_cannot_be_read() {
+    let fake = Fake {
+        live_set_unreadable: true,
+        fail_on: Some("create"),
+        ..Fake::default()
+    };
+    let failed = run(&fake, &[create(1, true)]).await;
+    assert_eq!(failed[0].1.reason(), "CreateDrainPodFailed");
 }
 
 #[tokio::test]

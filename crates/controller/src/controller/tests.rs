@@ -572,3 +572,34 @@ fn our_write_of_a_claim_is_read_only_for_that_same_claim() {
     );
     assert_eq!(newest_claim(entry("c1", None), None), entry("c1", None));
 }
+
+#[test]
+fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
+    let deleted = recent::Deleted::default();
+    deleted.deleted("ours");
+    let mut pods = vec![
+        observe::drain_pod(&drain_pod_named("web-2", "ours", "web", 10), 2),
+        observe::drain_pod(&drain_pod_named("web-3", "other", "web", 10), 3),
+        observe::other_pod(
+            &ObjectMeta {
+                name: Some("web-1".into()),
+                uid: Some("ours".into()),
+                ..ObjectMeta::default()
+            },
+            1,
+        ),
+    ];
+    let before = pods.clone();
+    mark_deleted(&mut pods, &deleted);
+    assert!(pods[0].terminating, "the pod we deleted");
+    assert!(!pods[1].terminating, "a pod we did not delete");
+    assert!(!pods[2].terminating, "a stateful pod is never marked");
+    let (plan::PodKind::Drain(after), plan::PodKind::Drain(was)) = (&pods[0].kind, &before[0].kind)
+    else {
+        panic!("drain pods")
+    };
+    assert_eq!(
+        after, was,
+        "no deletion time is made up: success is judged from the pod"
+    );
+}
