@@ -130,11 +130,16 @@ pub trait Cluster: Sync {
         true
     }
     /// Whether a drain pod's create must wait for the live read ([`Cluster::still_orphaned`])
-    /// instead of going out alongside it: while that read fails for the set (a create would only
-    /// be withdrawn, and its pod's events would retry it at once).
+    /// instead of going out alongside it: while the set's last read did not confirm a drain pod
+    /// (it failed, or the cache lagged a scale-up: a create would only be withdrawn, and its
+    /// pod's events would retry it at once), and while a set of the other kind could share the
+    /// pod names (a drain pod must never be created on another set's claims, even briefly).
     fn confirm_first(&self) -> bool {
         false
     }
+    /// A withdrawal failed: the pod (`name`, `uid`) is deleted on the set's next reconciles, and
+    /// shown to the planner as terminating meanwhile (never recorded on its claims).
+    fn withdraw_later(&self, _name: &str, _uid: &str) {}
 }
 
 /// An action that failed.
@@ -623,13 +628,12 @@ async fn create_drain_pod<C: Cluster>(
             Ok(Outcome::Created(uid))
         }
         (Created::Uid(uid), unconfirmed) => {
-            cluster
-                .delete_pod(&name, &uid, None)
-                .await
-                .map_err(|source| ActError::DeleteDrainPod {
-                    name: name.clone(),
-                    source,
-                })?;
+            // The UID alone as precondition: the pod is withdrawn whatever became of it (it has
+            // been scheduled by now, which changes its resourceVersion).
+            if let Err(source) = cluster.delete_pod(&name, &uid, None).await {
+                cluster.withdraw_later(&name, &uid);
+                return Err(ActError::DeleteDrainPod { name, source });
+            }
             info!(pod = %name, "drain pod withdrawn right after its create: the live set did not confirm its ordinal out of range");
             unconfirmed.map(|_| back_in_range(ordinal))
         }

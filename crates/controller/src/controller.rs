@@ -117,9 +117,12 @@ pub struct Context {
     recorder: Recorder,
     config: ControllerConfig,
     failures: Mutex<HashMap<SetId, u32>>,
-    /// The sets whose last live read before a drain pod's create failed: their creates wait for
-    /// the read until it succeeds again ([`Cluster::confirm_first`]).
-    reads_failing: Mutex<std::collections::HashSet<SetId>>,
+    /// The sets whose last live read before a drain pod's create did not confirm it (it failed,
+    /// or showed the ordinal back in range): their creates wait for the read until one confirms
+    /// ([`Cluster::confirm_first`]).
+    unconfirmed: Mutex<std::collections::HashSet<SetId>>,
+    /// Drain pods whose withdrawal failed, by set: UID → name ([`Cluster::withdraw_later`]).
+    withdrawing: Mutex<HashMap<SetId, BTreeMap<String, String>>>,
     /// Writes the status in the background, and shows the status last wanted or written per set
     /// to reads from a cache that has not caught up yet.
     status: StatusWriter,
@@ -744,7 +747,8 @@ pub async fn run(
         claim_index,
         config,
         failures: Mutex::default(),
-        reads_failing: Mutex::default(),
+        unconfirmed: Mutex::default(),
+        withdrawing: Mutex::default(),
         status,
         dry_run_reported: Mutex::default(),
         metrics: telemetry.metrics,
@@ -846,8 +850,11 @@ struct KubeCluster<'a, K> {
     /// has its name), made once per act phase: a scale-down by several ordinals creates their
     /// drain pods at once, and one read serves them all (a failed read is not kept).
     live: tokio::sync::OnceCell<(Option<K>, bool)>,
-    /// The sets whose live read failed last ([`Context`]'s), and this set's key in it.
-    reads_failing: &'a Mutex<std::collections::HashSet<SetId>>,
+    /// The sets whose last live read did not confirm a drain pod ([`Context`]'s).
+    unconfirmed: &'a Mutex<std::collections::HashSet<SetId>>,
+    /// Drain pods whose withdrawal failed ([`Context`]'s).
+    withdrawing: &'a Mutex<HashMap<SetId, BTreeMap<String, String>>>,
+    /// This set's key in both.
     id: SetId,
 }
 
@@ -893,16 +900,54 @@ fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
     }
 }
 
+impl<K: ServedSet> KubeCluster<'_, K> {
+    /// [`Cluster::still_orphaned`], without noting whether it confirmed.
+    async fn read_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
+        let name = self.set.name.clone().unwrap_or_default();
+        let (set, twin) = self
+            .live
+            .get_or_try_init(|| async {
+                // Both reads at once: each is a round trip before the drain pod's create.
+                let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
+                    match &self.twin {
+                        Some(twin) => twin.exists(&name, self.metrics).await,
+                        None => Ok(false),
+                    }
+                });
+                self.metrics.request("get", "statefulsets", &result);
+                Ok::<_, kube::Error>((result?, twin?))
+            })
+            .await?;
+        let Some(set) = set else {
+            return Ok(false);
+        };
+        if set.meta().uid != self.set.uid || set.meta().deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        // Membership that cannot be read is never taken for a scale-down.
+        if wants(set, ordinal) {
+            return Ok(false);
+        }
+        Ok(!twin)
+    }
+}
+
 impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     fn may_act(&self) -> bool {
         self.leadership.is_leading()
     }
 
     fn confirm_first(&self) -> bool {
-        self.reads_failing
+        self.twin.is_some() || self.unconfirmed.lock().expect("lock").contains(&self.id)
+    }
+
+    fn withdraw_later(&self, name: &str, uid: &str) {
+        self.withdrawing
             .lock()
-            .expect("reads lock")
-            .contains(&self.id)
+            .expect("lock")
+            .entry(self.id.clone())
+            .or_default()
+            .insert(uid.to_owned(), name.to_owned());
     }
 
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
@@ -991,39 +1036,14 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
-        let name = self.set.name.clone().unwrap_or_default();
-        let (set, twin) = self
-            .live
-            .get_or_try_init(|| async {
-                // Both reads at once: each is a round trip before the drain pod's create.
-                let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
-                    match &self.twin {
-                        Some(twin) => twin.exists(&name, self.metrics).await,
-                        None => Ok(false),
-                    }
-                });
-                self.metrics.request("get", "statefulsets", &result);
-                let read = result.and_then(|set| Ok((set, twin?)));
-                let mut failing = self.reads_failing.lock().expect("reads lock");
-                if read.is_ok() {
-                    failing.remove(&self.id);
-                } else {
-                    failing.insert(self.id.clone());
-                }
-                read
-            })
-            .await?;
-        let Some(set) = set else {
-            return Ok(false);
-        };
-        if set.meta().uid != self.set.uid || set.meta().deletion_timestamp.is_some() {
-            return Ok(false);
+        let answer = self.read_orphaned(ordinal).await;
+        let mut unconfirmed = self.unconfirmed.lock().expect("lock");
+        if matches!(answer, Ok(true)) {
+            unconfirmed.remove(&self.id);
+        } else {
+            unconfirmed.insert(self.id.clone());
         }
-        // Membership that cannot be read is never taken for a scale-down.
-        if wants(set, ordinal) {
-            return Ok(false);
-        }
-        Ok(!twin)
+        answer
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
@@ -1170,18 +1190,57 @@ fn with_created(
     cached
 }
 
-/// Marks the drain pods we deleted as terminating, whatever the cache still shows of them
-/// ([`recent::Deleted`]): only the flag, never a deletion time.
-fn mark_deleted(pods: &mut [plan::PodObs], deleted: &recent::Deleted) {
+/// Marks the drain pods we deleted, or failed to withdraw and will delete, as terminating,
+/// whatever the cache still shows of them ([`recent::Deleted`]): only the flag, never a
+/// deletion time.
+fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> bool) {
     for pod in pods {
-        if matches!(pod.kind, plan::PodKind::Drain(_)) && deleted.contains(&pod.uid) {
+        if matches!(pod.kind, plan::PodKind::Drain(_)) && deleted(&pod.uid) {
             pod.terminating = true;
         }
     }
 }
 
+/// Deletes the drain pods of this set whose withdrawal failed before
+/// ([`Cluster::withdraw_later`]); one that is gone already, or replaced, is done with too. A
+/// failure keeps it for the next reconcile.
+/// Returns whether some are left.
+async fn retry_withdrawals<K: ServedSet>(ctx: &Context, cluster: &KubeCluster<'_, K>) -> bool {
+    let pending = ctx
+        .withdrawing
+        .lock()
+        .expect("lock")
+        .get(&cluster.id)
+        .cloned()
+        .unwrap_or_default();
+    for (uid, name) in pending {
+        match cluster.delete_pod(&name, &uid, None).await {
+            Ok(_) => {
+                info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
+                let mut withdrawing = ctx.withdrawing.lock().expect("lock");
+                if let Some(set) = withdrawing.get_mut(&cluster.id) {
+                    set.remove(&uid);
+                    if set.is_empty() {
+                        withdrawing.remove(&cluster.id);
+                    }
+                }
+            }
+            Err(e) => warn!(pod = %name, error = %e, "failed to withdraw a drain pod; retrying"),
+        }
+    }
+    ctx.withdrawing
+        .lock()
+        .expect("lock")
+        .contains_key(&cluster.id)
+}
+
 /// Reads one set's snapshot from the caches, through the per-set indexes.
-fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::Snapshot {
+fn observe_set(
+    ctx: &Context,
+    kind: SetKind,
+    set: &StatefulSet,
+    only_in_flight: bool,
+) -> plan::Snapshot {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
     // Each read is at least as new as our own last write of the object (`crate::recent`).
@@ -1222,7 +1281,16 @@ fn observe_set(ctx: &Context, set: &StatefulSet, only_in_flight: bool) -> plan::
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
-    mark_deleted(&mut snap.pods, &ctx.recent.deleted_pods);
+    let withdrawing: std::collections::BTreeSet<String> = ctx
+        .withdrawing
+        .lock()
+        .expect("lock")
+        .get(&set_id(kind, set))
+        .map(|w| w.keys().cloned().collect())
+        .unwrap_or_default();
+    mark_deleted(&mut snap.pods, |uid| {
+        ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
+    });
     if only_in_flight {
         // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.
         let drained: std::collections::BTreeSet<i32> = snap
@@ -1315,7 +1383,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         let settings = validate::settings(&set, valid, &ctx.config.flags, obj.default_max_concurrent());
 
         // observe
-        let mut snap = observe_set(&ctx, &set, !opted_in);
+        let mut snap = observe_set(&ctx, kind, &set, !opted_in);
         snap.reserved = range.reserved;
         snap.also_held = obj.start_fallback();
 
@@ -1339,7 +1407,8 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,
             live: tokio::sync::OnceCell::new(),
-            reads_failing: &ctx.reads_failing,
+            unconfirmed: &ctx.unconfirmed,
+            withdrawing: &ctx.withdrawing,
             id: set_id(kind, &set),
         };
         let act_ctx = ActCtx {
@@ -1358,6 +1427,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         // the errors are handed in once the actions are done.
         let expected = StatusReport::of(&plan.status, problem.clone(), &errors_kept(&set, &plan.actions));
         ctx.status.submit(K::KIND, &set, rendered(&expected));
+        let withdrawals_left = retry_withdrawals(&ctx, &cluster).await;
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
@@ -1382,7 +1452,11 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         }
         ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
         ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
-        Ok(Requeue::requeue(plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync)))
+        let mut requeue = plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync);
+        if withdrawals_left {
+            requeue = requeue.min(Duration::from_secs(2));
+        }
+        Ok(Requeue::requeue(requeue))
     }
     .instrument(span)
     .await

@@ -414,6 +414,62 @@ impl ClaimDeleteDenial {
     }
 }
 
+/// An admission policy that denies deleting any drain pod (a pod with the drain-pod label) in
+/// one namespace. Removed when this is dropped.
+pub struct DrainPodDeleteDenial(AdmissionDenial);
+
+impl DrainPodDeleteDenial {
+    /// Denies `DELETE` of the pods labelled as drain pods in the namespace.
+    pub async fn create(client: &Client, ns: &TestNamespace) -> Result<Self> {
+        let label = drain_api::labels::DRAIN_POD;
+        AdmissionDenial::create(
+            client,
+            ns,
+            "drain-pod-delete",
+            json!([{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["DELETE"], "resources": ["pods"],
+            }]),
+            format!("!has(oldObject.metadata.labels) || !('{label}' in oldObject.metadata.labels)"),
+            format!("{DENIAL_MARKER}: deleting drain pods is not allowed"),
+        )
+        .await
+        .map(Self)
+    }
+
+    /// Waits until the apiserver enforces the policy: a dry-run delete of a probe pod labelled
+    /// as a drain pod of no set (created here, held unscheduled by a scheduling gate) is denied.
+    pub async fn wait_enforced(&self, ns: &TestNamespace) -> Result<()> {
+        let pods = ns.api::<Pod>();
+        let probe: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "delete-denial-probe",
+                "labels": {drain_api::labels::DRAIN_POD: "no-such-set"},
+            },
+            "spec": {
+                "schedulingGates": [{"name": "e2e/probe"}],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }))?;
+        if pods.get_opt("delete-denial-probe").await?.is_none() {
+            pods.create(&Default::default(), &probe).await?;
+        }
+        let pods = &pods;
+        self.0
+            .wait_enforced(|| async move {
+                pods.delete("delete-denial-probe", &DeleteParams::default().dry_run())
+                    .await
+                    .map(|_| ())
+            })
+            .await
+    }
+
+    /// Lifts the denial.
+    pub async fn lift(&self) -> Result<()> {
+        self.0.lift().await
+    }
+}
+
 /// An admission policy that denies every change of the `drain-status` annotation of the
 /// StatefulSets in one namespace (the controller's status writes), and nothing else.
 pub struct StatusWriteDenial(AdmissionDenial);

@@ -7,8 +7,8 @@ use anyhow::{Context, Result, ensure};
 use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
 use drain_api::claim_annotations::APPROVED;
 use e2e::faults::{
-    ControllerIdentity, StatusWriteDenial, assert_claim_unchanged, count_log_lines, drain_status,
-    hold, ordinal_state, wait_ordinal_state, wait_set_event,
+    ControllerIdentity, DrainPodDeleteDenial, StatusWriteDenial, assert_claim_unchanged,
+    count_log_lines, drain_status, hold, ordinal_state, wait_ordinal_state, wait_set_event,
 };
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
@@ -169,6 +169,77 @@ async fn a_role_without_get_on_statefulsets_withdraws_the_drain_pod_and_keeps_th
         forbidden <= denied_reads,
         "only the live read was forbidden ({forbidden} lines name a denial, {denied_reads} the read)"
     );
+    Ok(())
+}
+
+/// As above, and the drain pod's withdrawal denied too (an admission policy refusing to delete
+/// drain pods): the pod stays, never recorded on its claim nor reported as created, and the
+/// claim stays; once deletes are allowed again, the next reconciles withdraw it.
+#[tokio::test]
+async fn a_drain_pod_whose_withdrawal_is_denied_is_never_adopted_and_is_withdrawn_later()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-withdraw-denied").await?;
+    let shipped = r#"verbs: ["get", "list", "watch", "patch"]"#;
+    let no_get = r#"verbs: ["list", "watch", "patch"]"#;
+    let identity = ControllerIdentity::create(&client, &ns, &[(shipped, no_get)]).await?;
+    identity.wait_can("get", "statefulsets.apps", false).await?;
+    let denial = DrainPodDeleteDenial::create(&client, &ns).await?;
+    denial.wait_enforced(&ns).await?;
+    let controller = ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("sleep 3600", &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .parallel();
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let uid = claim_uid(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_set_event(&ns, "web", "DeleteDrainPodFailed").await?;
+    let pods = ns.api::<Pod>();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    hold(
+        Duration::from_secs(6),
+        "the drain pod stays unadopted",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
+            let claim = claims.get("data-web-2").await?;
+            ensure!(
+                !claim
+                    .annotations()
+                    .contains_key(drain_api::claim_annotations::POD_UID),
+                "the drain pod left to withdraw was recorded on the claim: {:?}",
+                claim.annotations()
+            );
+            ensure!(
+                pods.get_opt("web-2")
+                    .await?
+                    .is_some_and(|p| is_drain_pod(&p)),
+                "the drain pod whose withdrawal is denied is there"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    ensure!(
+        events(&ns, "DrainPodCreated").await?.is_empty(),
+        "a drain pod left to withdraw was reported as created"
+    );
+
+    denial.lift().await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    ensure!(
+        count_log_lines(
+            &controller.log,
+            "drain pod withdrawn (an earlier try had failed)"
+        )? == 1,
+        "the withdrawal was retried and logged"
+    );
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
+    assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
     Ok(())
 }
 

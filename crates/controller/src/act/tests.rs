@@ -28,6 +28,8 @@ struct Fake {
     live_set_unreadable: bool,
     /// Creates wait for the live read.
     confirm_first: bool,
+    /// The withdrawals left for later.
+    withdraw_later: Mutex<Vec<(String, String)>>,
     /// The live pod UID behind the drain pod's name.
     live_pod: Option<String>,
     /// What a pod delete comes to.
@@ -139,6 +141,12 @@ impl Cluster for Fake {
     }
     fn confirm_first(&self) -> bool {
         self.confirm_first
+    }
+    fn withdraw_later(&self, name: &str, uid: &str) {
+        self.withdraw_later
+            .lock()
+            .unwrap()
+            .push((name.to_owned(), uid.to_owned()));
     }
     fn may_act(&self) -> bool {
         let n = self
@@ -595,6 +603,11 @@ async fn a_withdrawal_that_fails_is_a_failure_and_no_claim_is_recorded() {
     };
     let failed = run(&fake, &[create(1, true)]).await;
     assert_eq!(failed[0].1.reason(), "DeleteDrainPodFailed");
+    assert_eq!(
+        *fake.withdraw_later.lock().unwrap(),
+        vec![("web-2".to_owned(), "new-uid".to_owned())],
+        "left to the next reconciles"
+    );
     assert!(
         fake.calls()
             .iter()

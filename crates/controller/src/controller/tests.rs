@@ -590,7 +590,7 @@ fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
         ),
     ];
     let before = pods.clone();
-    mark_deleted(&mut pods, &deleted);
+    mark_deleted(&mut pods, |uid| deleted.contains(uid));
     assert!(pods[0].terminating, "the pod we deleted");
     assert!(!pods[1].terminating, "a pod we did not delete");
     assert!(!pods[2].terminating, "a stateful pod is never marked");
