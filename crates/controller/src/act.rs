@@ -569,11 +569,11 @@ async fn clear_record<C: Cluster>(cluster: &C, claims: &[ClaimRef]) -> Result<Ou
 ///
 /// The live check that the ordinal is still out of range (a guard against a stale cache) runs
 /// alongside the create rather than before it: one round trip instead of two between a pod's
-/// going and its drain pod. A create the live set proves wrong is withdrawn at once (deleted
-/// with its UID as a precondition, its claims unrecorded), long before a node could start it;
-/// had it started, it would be a drain stopped by a delete, which never counts as a success
-/// (the same as a scale-up just after the create). A set that cannot be read also withdraws it,
-/// and from then on the read goes first ([`Cluster::confirm_first`]) until it succeeds.
+/// going and its drain pod. A create the live set proves wrong, or cannot confirm, is withdrawn
+/// at once (deleted with its UID as the only precondition, its claims unrecorded), normally
+/// before the node starts it; had it started, it would be a drain stopped by a delete, not a
+/// success. A withdrawal that fails is left to the set's next reconciles
+/// ([`Cluster::withdraw_later`]). The read goes first when [`Cluster::confirm_first`] says so.
 async fn create_drain_pod<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,

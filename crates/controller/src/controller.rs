@@ -846,9 +846,10 @@ struct KubeCluster<'a, K> {
     set: ObjectReference,
     metrics: &'a Metrics,
     leadership: &'a Leadership,
-    /// The live reads before a drain pod's create (the set; whether a set of the other kind
-    /// has its name), made once per act phase: a scale-down by several ordinals creates their
-    /// drain pods at once, and one read serves them all (a failed read is not kept).
+    /// The live reads that confirm a drain pod's create (the set; whether a set of the other
+    /// kind has its name), made once per act phase, alongside the first create or before it: a
+    /// scale-down by several ordinals creates their drain pods at once, and one read serves them
+    /// all (a failed read is not kept).
     live: tokio::sync::OnceCell<(Option<K>, bool)>,
     /// The sets whose last live read did not confirm a drain pod ([`Context`]'s).
     unconfirmed: &'a Mutex<std::collections::HashSet<SetId>>,

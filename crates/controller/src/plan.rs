@@ -30,7 +30,8 @@
 //! Invariants (property-tested below): a claim is deleted only when a drain pod of its ordinal
 //! recorded that claim's UID and succeeded before anyone asked for its deletion; no drain pod is
 //! created for an ordinal in range or whose name is taken; never more drains at once than
-//! allowed; a drain pod believed unfinished is only deleted with a resourceVersion precondition.
+//! allowed; a drain pod believed unfinished is only deleted with a resourceVersion precondition
+//! (the act step's withdrawal of a create the live read did not confirm is not planned here).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
