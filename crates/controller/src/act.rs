@@ -131,9 +131,8 @@ pub trait Cluster: Sync {
     }
     /// Whether a drain pod's create must wait for the live read ([`Cluster::still_orphaned`])
     /// instead of going out alongside it: while the set's last read did not confirm a drain pod
-    /// (it failed, or the cache lagged a scale-up: a create would only be withdrawn, and its
-    /// pod's events would retry it at once), and while a set of the other kind could share the
-    /// pod names (a drain pod must never be created on another set's claims, even briefly).
+    /// (it failed, or the cache lagged a scale-up or a set of the other kind: a create would
+    /// only be withdrawn, and its pod's events would retry it at once).
     fn confirm_first(&self) -> bool {
         false
     }

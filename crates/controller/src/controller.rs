@@ -939,7 +939,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 
     fn confirm_first(&self) -> bool {
-        self.twin.is_some() || self.unconfirmed.lock().expect("lock").contains(&self.id)
+        self.unconfirmed.lock().expect("lock").contains(&self.id)
     }
 
     fn withdraw_later(&self, name: &str, uid: &str) {
@@ -1203,36 +1203,47 @@ fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> bool) {
 }
 
 /// Deletes the drain pods of this set whose withdrawal failed before
-/// ([`Cluster::withdraw_later`]); one that is gone already, or replaced, is done with too. A
-/// failure keeps it for the next reconcile.
-/// Returns whether some are left.
-async fn retry_withdrawals<K: ServedSet>(ctx: &Context, cluster: &KubeCluster<'_, K>) -> bool {
+/// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or
+/// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
+/// are left.
+async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
     let pending = ctx
         .withdrawing
         .lock()
         .expect("lock")
-        .get(&cluster.id)
+        .get(&id)
         .cloned()
         .unwrap_or_default();
+    if pending.is_empty() {
+        return false;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
     for (uid, name) in pending {
-        match cluster.delete_pod(&name, &uid, None).await {
+        let result = pods.delete(&name, &preconditioned(&uid, None)).await;
+        ctx.metrics.request("delete", "pods", &result);
+        let done = match result {
             Ok(_) => {
+                ctx.recent.deleted_pods.deleted(&uid);
                 info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
-                let mut withdrawing = ctx.withdrawing.lock().expect("lock");
-                if let Some(set) = withdrawing.get_mut(&cluster.id) {
-                    set.remove(&uid);
-                    if set.is_empty() {
-                        withdrawing.remove(&cluster.id);
-                    }
+                true
+            }
+            Err(e) if gone_or_replaced(&e) => true,
+            Err(e) => {
+                warn!(pod = %name, error = %e, "failed to withdraw a drain pod; retrying");
+                false
+            }
+        };
+        if done {
+            let mut withdrawing = ctx.withdrawing.lock().expect("lock");
+            if let Some(set) = withdrawing.get_mut(&id) {
+                set.remove(&uid);
+                if set.is_empty() {
+                    withdrawing.remove(&id);
                 }
             }
-            Err(e) => warn!(pod = %name, error = %e, "failed to withdraw a drain pod; retrying"),
         }
     }
-    ctx.withdrawing
-        .lock()
-        .expect("lock")
-        .contains_key(&cluster.id)
+    ctx.withdrawing.lock().expect("lock").contains_key(&id)
 }
 
 /// Reads one set's snapshot from the caches, through the per-set indexes.
@@ -1340,6 +1351,8 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             None => set,
         };
         ctx.wait_ready().await?;
+        // Before anything that may end the reconcile early (a name clash among them).
+        let withdrawals_left = retry_withdrawals(&ctx, set_id(kind, &set)).await;
         let set_ref = set_reference(kind, &set);
         let opted_in = opted_in(&set);
         if let Some(twin) = ctx.twin_cached(K::KIND, &ns, &name) {
@@ -1428,7 +1441,6 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         // the errors are handed in once the actions are done.
         let expected = StatusReport::of(&plan.status, problem.clone(), &errors_kept(&set, &plan.actions));
         ctx.status.submit(K::KIND, &set, rendered(&expected));
-        let withdrawals_left = retry_withdrawals(&ctx, &cluster).await;
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
