@@ -89,6 +89,40 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
     Ok(())
 }
 
+/// The shipped Role's rule on statefulsets, and that rule without `get` (the live read).
+const WITHOUT_GET_ON_SETS: [(&str, &str); 1] = [(
+    r#"verbs: ["get", "list", "watch", "patch"]"#,
+    r#"verbs: ["list", "watch", "patch"]"#,
+)];
+
+/// The Parallel set `web` of 3 with a drain pod running `script`, its pods running; returns the
+/// UID of claim `data-web-2`.
+async fn web_of_three(ns: &TestNamespace, script: &str) -> Result<String> {
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template(script, &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .parallel();
+    start_set(ns, &set).await?;
+    wait_running(ns, &pod_names("web", 0..3)).await?;
+    claim_uid(ns, "data-web-2").await
+}
+
+/// Fails unless claim `data-web-2` is as it was (`uid`, Bound) and records no drain pod.
+async fn assert_unrecorded(ns: &TestNamespace, uid: &str) -> Result<()> {
+    assert_claim_unchanged(ns, "data-web-2", uid).await?;
+    let claim = ns.api::<PersistentVolumeClaim>().get("data-web-2").await?;
+    ensure!(
+        !claim
+            .annotations()
+            .contains_key(drain_api::claim_annotations::POD_UID),
+        "a drain pod not confirmed was recorded on the claim: {:?}",
+        claim.annotations()
+    );
+    Ok(())
+}
+
 /// The controller run as the single-namespace install's account, with a Role that lacks `get`
 /// on statefulsets (an RBAC denial of the live read that confirms each drain pod): the drain pod
 /// created alongside the first read is withdrawn at once, unrecorded, with a `ReadFailed`
@@ -100,23 +134,13 @@ async fn a_role_without_get_on_statefulsets_withdraws_the_drain_pod_and_keeps_th
 -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ops-rbac-read").await?;
-    let shipped = r#"verbs: ["get", "list", "watch", "patch"]"#;
-    let no_get = r#"verbs: ["list", "watch", "patch"]"#;
-    let identity = ControllerIdentity::create(&client, &ns, &[(shipped, no_get)]).await?;
+    let identity = ControllerIdentity::create(&client, &ns, &WITHOUT_GET_ON_SETS).await?;
     identity.wait_can("get", "statefulsets.apps", false).await?;
     identity
         .wait_can("watch", "statefulsets.apps", true)
         .await?;
     let controller = ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
-    let set = SetBuilder::new("web")
-        .annotation(
-            DRAINER_POD_TEMPLATE,
-            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
-        )
-        .parallel();
-    start_set(&ns, &set).await?;
-    wait_running(&ns, &pod_names("web", 0..3)).await?;
-    let uid = claim_uid(&ns, "data-web-2").await?;
+    let uid = web_of_three(&ns, "exit 0").await?;
 
     scale(&ns, "web", 2).await?;
     let warnings = wait_set_event(&ns, "web", "ReadFailed").await?;
@@ -124,22 +148,10 @@ async fn a_role_without_get_on_statefulsets_withdraws_the_drain_pod_and_keeps_th
         warnings.iter().any(|w| w.contains("forbidden")),
         "the Warning names the denial: {warnings:?}"
     );
-    let claims = ns.api::<PersistentVolumeClaim>();
     hold(
         Duration::from_secs(6),
         "the claim stays, unrecorded",
-        || async {
-            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
-            let claim = claims.get("data-web-2").await?;
-            ensure!(
-                !claim
-                    .annotations()
-                    .contains_key(drain_api::claim_annotations::POD_UID),
-                "a withdrawn drain pod was recorded on the claim: {:?}",
-                claim.annotations()
-            );
-            Ok(())
-        },
+        || assert_unrecorded(&ns, &uid),
     )
     .await?;
     let withdrawn = count_log_lines(
@@ -180,40 +192,21 @@ async fn a_drain_pod_whose_withdrawal_is_denied_is_never_adopted_and_is_withdraw
 -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ops-withdraw-denied").await?;
-    let shipped = r#"verbs: ["get", "list", "watch", "patch"]"#;
-    let no_get = r#"verbs: ["list", "watch", "patch"]"#;
-    let identity = ControllerIdentity::create(&client, &ns, &[(shipped, no_get)]).await?;
+    let identity = ControllerIdentity::create(&client, &ns, &WITHOUT_GET_ON_SETS).await?;
     identity.wait_can("get", "statefulsets.apps", false).await?;
     let denial = DrainPodDeleteDenial::create(&client, &ns).await?;
     denial.wait_enforced(&ns).await?;
     let controller = ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
-    let set = SetBuilder::new("web")
-        .annotation(
-            DRAINER_POD_TEMPLATE,
-            drain_template("sleep 3600", &["data"], json!({"restartPolicy": "Never"})),
-        )
-        .parallel();
-    start_set(&ns, &set).await?;
-    wait_running(&ns, &pod_names("web", 0..3)).await?;
-    let uid = claim_uid(&ns, "data-web-2").await?;
+    let uid = web_of_three(&ns, "sleep 3600").await?;
 
     scale(&ns, "web", 2).await?;
     wait_set_event(&ns, "web", "DeleteDrainPodFailed").await?;
     let pods = ns.api::<Pod>();
-    let claims = ns.api::<PersistentVolumeClaim>();
     hold(
         Duration::from_secs(6),
         "the drain pod stays unadopted",
         || async {
-            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
-            let claim = claims.get("data-web-2").await?;
-            ensure!(
-                !claim
-                    .annotations()
-                    .contains_key(drain_api::claim_annotations::POD_UID),
-                "the drain pod left to withdraw was recorded on the claim: {:?}",
-                claim.annotations()
-            );
+            assert_unrecorded(&ns, &uid).await?;
             ensure!(
                 pods.get_opt("web-2")
                     .await?
