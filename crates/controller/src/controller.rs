@@ -901,6 +901,37 @@ fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
     }
 }
 
+/// Deletes the pod `name` if it still has this UID (and resourceVersion, when given), and notes
+/// a delete the API server accepted in `recent` ([`recent::Deleted`]).
+async fn delete_pod(
+    pods: &Api<Pod>,
+    metrics: &Metrics,
+    recent: &Recents,
+    name: &str,
+    uid: &str,
+    resource_version: Option<&str>,
+) -> Result<Deleted, kube::Error> {
+    let result = pods
+        .delete(name, &preconditioned(uid, resource_version))
+        .await;
+    metrics.request("delete", "pods", &result);
+    match result {
+        Ok(_) => {
+            recent.deleted_pods.deleted(uid);
+            Ok(Deleted::Deleted)
+        }
+        Err(kube::Error::Api(s))
+            if s.code == 409
+                && resource_version.is_some()
+                && s.message.contains("ResourceVersion") =>
+        {
+            Ok(Deleted::Changed)
+        }
+        Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
+        Err(e) => Err(e),
+    }
+}
+
 impl<K: ServedSet> KubeCluster<'_, K> {
     /// [`Cluster::still_orphaned`], without noting whether it confirmed.
     async fn read_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
@@ -908,7 +939,7 @@ impl<K: ServedSet> KubeCluster<'_, K> {
         let (set, twin) = self
             .live
             .get_or_try_init(|| async {
-                // Both reads at once: each is a round trip before the drain pod's create.
+                // Both reads at once, alongside (or before) the drain pod's create.
                 let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
                     match &self.twin {
                         Some(twin) => twin.exists(&name, self.metrics).await,
@@ -978,24 +1009,15 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         uid: &str,
         resource_version: Option<&str>,
     ) -> Result<Deleted, kube::Error> {
-        let params = preconditioned(uid, resource_version);
-        let result = self.pods.delete(name, &params).await;
-        self.metrics.request("delete", "pods", &result);
-        match result {
-            Ok(_) => {
-                self.recent.deleted_pods.deleted(uid);
-                Ok(Deleted::Deleted)
-            }
-            Err(kube::Error::Api(s))
-                if s.code == 409
-                    && resource_version.is_some()
-                    && s.message.contains("ResourceVersion") =>
-            {
-                Ok(Deleted::Changed)
-            }
-            Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
-            Err(e) => Err(e),
-        }
+        delete_pod(
+            &self.pods,
+            self.metrics,
+            self.recent,
+            name,
+            uid,
+            resource_version,
+        )
+        .await
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
@@ -1219,15 +1241,12 @@ async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
     for (uid, name) in pending {
-        let result = pods.delete(&name, &preconditioned(&uid, None)).await;
-        ctx.metrics.request("delete", "pods", &result);
-        let done = match result {
-            Ok(_) => {
-                ctx.recent.deleted_pods.deleted(&uid);
+        let done = match delete_pod(&pods, &ctx.metrics, &ctx.recent, &name, &uid, None).await {
+            Ok(Deleted::Deleted) => {
                 info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
                 true
             }
-            Err(e) if gone_or_replaced(&e) => true,
+            Ok(_) => true,
             Err(e) => {
                 warn!(pod = %name, error = %e, "failed to withdraw a drain pod; retrying");
                 false
