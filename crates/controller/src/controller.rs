@@ -415,16 +415,54 @@ fn set_watch<K: ServedSet>(
     (sets, stream)
 }
 
-/// Runs the controller of one kind of set until `shutdown` resolves.
+/// How long a stop waits for the reconciles in progress before it drops them. Every action is
+/// idempotent and all state is in the cluster, so a dropped reconcile is resumed by the next
+/// leader like one cut by a crash; the bound keeps the stop (and the Lease's release) inside
+/// Kubernetes' default 30 s grace period.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+/// Why a stop did not wait for kube-runtime's graceful shutdown to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Halt {
+    /// The sets or the other caches had not synced: no reconcile had got past its wait for them,
+    /// so none had acted. (kube-runtime holds its runner until the sets are listed and stops
+    /// polling their watch once a shutdown begins, so its graceful shutdown would never end.)
+    NothingStarted,
+    /// [`STOP_GRACE`] passed with reconciles still running.
+    GraceOver,
+}
+
+/// Whether a stop, at this instant, may drop the controller of one kind of set at once: yes
+/// while its sets are not listed or the other caches have not synced.
+fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
+    !(sets_listed && caches_synced)
+}
+
+/// Runs the controller of one kind of set until `shutdown` resolves, then lets the reconciles
+/// in progress finish, for at most [`STOP_GRACE`] (see [`Halt`]).
 async fn serve<K: ServedSet>(
     ctx: Arc<Context>,
     sets: Store<K>,
     stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
     triggers: mpsc::UnboundedReceiver<ObjectRef<K>>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) {
     let gained = ctx.config.leadership.gained();
-    Controller::for_stream(stream, sets)
+    let halt = {
+        let (sets, ctx, stop) = (sets.clone(), Arc::clone(&ctx), shutdown.clone());
+        async move {
+            stop.await;
+            // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
+            // controller is dropped right away, so the runner's waker is not needed any more.
+            let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
+            if halt_at_once(listed, *ctx.ready.borrow()) {
+                return Halt::NothingStarted;
+            }
+            tokio::time::sleep(STOP_GRACE).await;
+            Halt::GraceOver
+        }
+    };
+    let run = Controller::for_stream(stream, sets)
         .reconcile_all_on(gained)
         .reconcile_on(tokio_stream_from(triggers))
         .graceful_shutdown_on(shutdown)
@@ -439,8 +477,21 @@ async fn serve<K: ServedSet>(
                 }
                 Err(e) => debug!(error = %e, "reconcile failed"),
             }
-        })
-        .await;
+        });
+    tokio::select! {
+        () = run => {}
+        halt = halt => match halt {
+            Halt::NothingStarted => info!(
+                kind = K::KIND.label(),
+                "stopped before the sets and caches had synced; no reconcile had started"
+            ),
+            Halt::GraceOver => warn!(
+                kind = K::KIND.label(),
+                grace = ?STOP_GRACE,
+                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+            ),
+        },
+    }
 }
 
 fn tokio_stream_from<T: Send + 'static>(

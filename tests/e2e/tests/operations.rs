@@ -236,6 +236,70 @@ async fn a_drain_pod_whose_withdrawal_is_denied_is_never_adopted_and_is_withdraw
     Ok(())
 }
 
+/// The shipped Role's rule on statefulsets without `list` and `watch`: the sets are never listed.
+const WITHOUT_LIST_ON_SETS: [(&str, &str); 1] = [(
+    r#"verbs: ["get", "list", "watch", "patch"]"#,
+    r#"verbs: ["get", "patch"]"#,
+)];
+
+/// The shipped Role's rule on pods without `list` and `watch`: the pod caches never sync.
+const WITHOUT_LIST_ON_PODS: [(&str, &str); 1] = [(
+    r#"verbs: ["get", "list", "watch", "create", "delete"]"#,
+    r#"verbs: ["get", "create", "delete"]"#,
+)];
+
+/// SIGTERM while the controller cannot list what it watches (an RBAC denial, retried with
+/// backoff), once for the sets and once for the pods with an opted-in set whose reconcile waits
+/// for the pod caches: no reconcile has acted, and the controller exits 0 at once. (kube-runtime
+/// holds its runner until the sets are listed and stops polling their watch at shutdown, and a
+/// graceful stop waits for the reconciles in progress: both stops used to hang.)
+#[tokio::test]
+async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
+    let client = client().await;
+    type Edits = &'static [(&'static str, &'static str)];
+    let cases: [(&str, Edits, &str); 2] = [
+        (
+            "ops-term-unlisted-sets",
+            &WITHOUT_LIST_ON_SETS,
+            "statefulsets.apps",
+        ),
+        ("ops-term-unlisted-pods", &WITHOUT_LIST_ON_PODS, "pods"),
+    ];
+    for (prefix, edits, denied) in cases {
+        let ns = TestNamespace::new(&client, prefix).await?;
+        let identity = ControllerIdentity::create(&client, &ns, edits).await?;
+        identity.wait_can("list", denied, false).await?;
+        let set = SetBuilder::new("web").annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
+        );
+        start_set(&ns, &set).await?;
+        let mut controller =
+            ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
+        wait_for(
+            T,
+            &format!("the denied list of {denied} logged"),
+            || async { Ok(count_log_lines(&controller.log, "is forbidden")? > 0) },
+        )
+        .await?;
+
+        controller.signal("TERM");
+        let code = controller.wait_exit(Duration::from_secs(10));
+        ensure!(
+            code == Some(Some(0)),
+            "{denied} denied: exit after SIGTERM: {code:?} (log: {})",
+            controller.log.display()
+        );
+        ensure!(
+            count_log_lines(&controller.log, "no reconcile had started")? >= 1
+                && count_log_lines(&controller.log, "controller stopped")? == 1,
+            "{denied} denied: no orderly stop in {}",
+            controller.log.display()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn metrics_and_health_show_a_drain() -> Result<()> {
     let client = client().await;
