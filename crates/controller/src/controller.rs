@@ -161,20 +161,30 @@ struct Recents {
     deleted_pods: recent::Deleted,
 }
 
-/// The caches of the secondary watches (the StatefulSet cache is the controller's own).
+/// What readiness waits for: the built-in StatefulSets listed (their cache is the
+/// controller's own), and the caches of the secondary watches.
 #[derive(Clone)]
 struct Caches {
+    sets_listed: tokio::sync::watch::Receiver<bool>,
     stateful_pods: Cache<PodEntry>,
     drain_pods: Store<Pod>,
     claims: Cache<ClaimEntry>,
 }
 
-/// Flips `ready` once every secondary cache has synced. The drain pod store gets exactly one
-/// waiter, this task: `Store::wait_until_ready` wakes only one of several concurrent waiters,
-/// and the kube-runtime controller already waits on the StatefulSet cache before any reconcile
-/// runs.
+/// Flips `ready` once the built-in StatefulSets have been listed and every secondary cache has
+/// synced. The drain pod store gets exactly one waiter, this task: `Store::wait_until_ready`
+/// wakes only one of several concurrent waiters, and the kube-runtime controller waits on the
+/// StatefulSet store, so the sets' listing is seen through their watch's events instead.
+/// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness.
 async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
+    async fn listed(mut flag: tokio::sync::watch::Receiver<bool>) -> Result<(), ()> {
+        match flag.wait_for(|listed| *listed).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(()),
+        }
+    }
     let synced = futures::try_join!(
+        listed(caches.sets_listed.clone()),
         caches
             .stateful_pods
             .wait_until_ready()
@@ -385,7 +395,8 @@ async fn drive<K>(
         .await;
 }
 
-/// The watch of one kind of set: its cache, and the sets that opted in or have drains in flight.
+/// The watch of one kind of set: its cache, the sets that opted in or have drains in flight,
+/// and a flag that turns `true` once the sets have been listed.
 fn set_watch<K: ServedSet>(
     client: &Client,
     ns: Option<&str>,
@@ -393,13 +404,20 @@ fn set_watch<K: ServedSet>(
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    tokio::sync::watch::Receiver<bool>,
 ) {
     let (sets, writer) = reflector::store();
+    let (listed, listed_rx) = tokio::sync::watch::channel(false);
     let stream = watch::changes(
         watcher(api::<K>(client, ns), watcher::Config::default())
             .default_backoff()
             .modify(K::slim)
-            .reflect(writer),
+            .reflect(writer)
+            .inspect_ok(move |event| {
+                if matches!(event, watcher::Event::InitDone) {
+                    listed.send_replace(true);
+                }
+            }),
         Filter {
             fingerprint: set_fingerprint::<K>,
             sets: |_| Vec::new(),
@@ -412,7 +430,7 @@ fn set_watch<K: ServedSet>(
             .is_empty();
         future::ready(set_kind::opted_in(s.meta()) || draining)
     });
-    (sets, stream)
+    (sets, stream, listed_rx)
 }
 
 /// How long a stop waits for the reconciles in progress before it drops them. Every action is
@@ -767,18 +785,20 @@ pub async fn run(
         controller: FIELD_MANAGER.to_owned(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    // Each kind of set has its own controller; the pod and claim watches are shared, and a
+    // change is routed to the sets of either kind it concerns.
+    let (sets, set_stream, sets_listed) =
+        set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone());
     let ready = telemetry.ready.subscribe();
     let gate = tokio::spawn(gate_readiness(
         Caches {
+            sets_listed,
             stateful_pods: stateful_pods.clone(),
             drain_pods: drain_pods.clone(),
             claims: claims.clone(),
         },
         telemetry.ready,
     ));
-    // Each kind of set has its own controller; the pod and claim watches are shared, and a
-    // change is routed to the sets of either kind it concerns.
-    let (sets, set_stream) = set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone());
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
     let status = StatusWriter::new(
         status_patcher(client.clone(), Arc::clone(&telemetry.metrics)),
@@ -855,7 +875,7 @@ pub async fn run(
                 return;
             }
             let ns = ctx.config.namespace.clone();
-            let (sets, stream) = set_watch::<AdvancedStatefulSet>(
+            let (sets, stream, _) = set_watch::<AdvancedStatefulSet>(
                 &ctx.client,
                 ns.as_deref(),
                 ctx.drain_pod_index.clone(),

@@ -250,7 +250,8 @@ const WITHOUT_LIST_ON_PODS: [(&str, &str); 1] = [(
 
 /// SIGTERM while the controller cannot list what it watches (an RBAC denial, retried with
 /// backoff), once for the sets and once for the pods with an opted-in set whose reconcile waits
-/// for the pod caches: no reconcile has acted, and the controller exits 0 at once. (kube-runtime
+/// for the pod caches: the controller is not Ready (`/readyz`), no reconcile has acted, and it
+/// exits 0 at once. (kube-runtime
 /// holds its runner until the sets are listed and stops polling their watch at shutdown, and a
 /// graceful stop waits for the reconciles in progress: both stops used to hang.)
 #[tokio::test]
@@ -282,6 +283,9 @@ async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
             || async { Ok(count_log_lines(&controller.log, "is forbidden")? > 0) },
         )
         .await?;
+        // What cannot be listed is not synced: the controller is not Ready.
+        let (code, _) = get(&format!("{}/readyz", controller.admin_url())).await?;
+        ensure!(code == 503, "{denied} denied: /readyz answered {code}");
 
         controller.signal("TERM");
         let code = controller.wait_exit(Duration::from_secs(10));
