@@ -892,7 +892,8 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                 Normal,
                 "DrainTemplateChanged",
                 format!(
-                    "drain template changed: replacing drain pod {name}, which had not started"
+                    "drain template changed: replacing drain pod {name}, which was not running \
+                     (not started yet, or waiting to be restarted after a failure)"
                 ),
             )],
             DeleteWhy::Succeeded

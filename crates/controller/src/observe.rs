@@ -239,6 +239,8 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
                 .as_ref()
                 .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
     });
+    let running =
+        container_statuses(pod).any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
     let restarts = container_statuses(pod)
         .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
         .max()
@@ -260,6 +262,7 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             delete_requested_at,
             finished_at: finished_at(pod),
             started,
+            running,
             restarts,
             blocker: blocker(pod),
             started_at: started_at(pod),
@@ -419,6 +422,29 @@ mod tests {
             0,
             "2026-01-01T00:00:10Z"
         )));
+    }
+
+    #[test]
+    fn a_crash_looping_drain_pod_has_started_and_is_not_running_until_restarted() {
+        let pod = |state: serde_json::Value| -> DrainPod {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-2", "uid": "p"},
+                "status": {"phase": "Running", "containerStatuses": [{
+                    "name": "drain", "image": "x", "imageID": "", "ready": false,
+                    "restartCount": 1, "state": state,
+                    "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}
+                }]}
+            }))
+            .unwrap();
+            match drain_pod(&pod, 2).kind {
+                PodKind::Drain(d) => d,
+                _ => unreachable!(),
+            }
+        };
+        let waiting = pod(serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}}));
+        assert!(waiting.started && !waiting.running && waiting.restarts == 1);
+        let restarted = pod(serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:10Z"}}));
+        assert!(restarted.started && restarted.running);
     }
 
     #[test]

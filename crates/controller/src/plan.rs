@@ -139,6 +139,8 @@ pub struct DrainPod {
     pub finished_at: Option<Timestamp>,
     /// Whether any of its containers ever ran.
     pub started: bool,
+    /// Whether any of its containers is running now.
+    pub running: bool,
     /// Most restarts of any of its containers.
     pub restarts: u32,
     /// Why it cannot start, if something says so.
@@ -1181,8 +1183,10 @@ impl<'a> Planner<'a> {
         Some(state)
     }
 
-    /// A drain pod made from another template than today's that has not started is replaced
-    /// (not a failed attempt).
+    /// A drain pod made from another template than today's is replaced (not a failed attempt)
+    /// when nothing of it runs: it has not started, or it failed and waits for the kubelet to
+    /// restart it in place (`restartPolicy: OnFailure`), which would run the old template
+    /// again. A running one finishes.
     fn template_changed(
         &mut self,
         ord: &Ordinal<'_>,
@@ -1192,7 +1196,8 @@ impl<'a> Planner<'a> {
         let NewDrains::Allowed { template_hash } = &self.settings.new_drains else {
             return None;
         };
-        let changed = !drain.started
+        let idle = !drain.started || (drain.restarts > 0 && !drain.running);
+        let changed = idle
             && drain
                 .template_hash
                 .as_ref()

@@ -280,6 +280,79 @@ async fn a_stuck_drain_pod_counts_as_a_failed_attempt_until_the_template_is_fixe
     Ok(())
 }
 
+/// The drain template changed mid-drain. A running drain pod of the old template is left to
+/// run, and its success deletes the claim. One that failed and waits for the kubelet to restart
+/// it in place (`restartPolicy: OnFailure`, the default) is replaced at once by a pod of the new
+/// template (`DrainTemplateChanged`), instead of rerunning the old template until it counts as
+/// stuck.
+#[tokio::test]
+async fn a_template_changed_mid_drain_lets_a_running_drain_finish_and_replaces_a_crash_looping_one()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-template").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &drain_set("web", WAIT_FOR_GO)).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let set_template = |script: &str| {
+        json!({"metadata": {"annotations": {
+            annotations::DRAINER_POD_TEMPLATE: drain_template(script, &["data"], json!({}))
+        }}})
+    };
+    let pods = ns.api::<Pod>();
+
+    // Running: left to finish.
+    scale(&ns, "web", 2).await?;
+    let running = uid_of(&wait_drain_pod(&ns, "web-2", Some("Running")).await?);
+    patch_set(&ns, "web", set_template("echo crashing; exit 1")).await?;
+    hold(
+        HOLD,
+        "the running drain pod of the old template runs on",
+        || async {
+            let pod = pods.get_opt("web-2").await?.context("web-2 is gone")?;
+            ensure!(
+                uid_of(&pod) == running && pod.metadata.deletion_timestamp.is_none(),
+                "the running drain pod was replaced or deleted: {:?}",
+                pod.metadata
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    let changed = events(&ns, "DrainTemplateChanged").await?;
+    ensure!(
+        changed.is_empty(),
+        "a running drain was replaced: {changed:?}"
+    );
+
+    // Failed once, waiting for its restart in place: replaced by the new template's pod.
+    scale(&ns, "web", 1).await?;
+    wait_for(T, "drain pod web-1 restarted after a failure", || async {
+        Ok(pods.get_opt("web-1").await?.is_some_and(|p| {
+            is_drain_pod(&p)
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.restart_count >= 1))
+        }))
+    })
+    .await?;
+    let crashing = uid_of(&pods.get("web-1").await?);
+    patch_set(&ns, "web", set_template("echo fixed > /data/fixed")).await?;
+    wait_set_event(&ns, "web", "DrainTemplateChanged").await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    wait_pod_gone(&ns, "web-1", T).await?;
+    let stuck = events(&ns, "DrainStuck").await?;
+    ensure!(
+        stuck.is_empty(),
+        "the crash-looping pod {crashing} ran until it was stuck: {stuck:?}"
+    );
+    assert_claims_kept(&ns, &["data-web-0"]).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn opting_out_mid_drain_finishes_the_drain_in_flight_and_starts_no_new_one() -> Result<()> {
     let client = client().await;

@@ -65,6 +65,7 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             delete_requested_at: None,
             finished_at: finished.then(|| t(-1)),
             started: phase != DrainPhase::Pending,
+            running: phase == DrainPhase::Running,
             restarts: 0,
             blocker: None,
             started_at: (phase != DrainPhase::Pending).then(|| t(-90)),
@@ -814,6 +815,7 @@ enum PodChoice {
         finished: Option<i64>,
         same_uids: bool,
         started: bool,
+        running: bool,
         restarts: u32,
         blocker: Option<bool>,
         stale_template: bool,
@@ -828,18 +830,28 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
         prop::option::of(-10i64..10),
         any::<bool>(),
         any::<bool>(),
-        0u32..5,
+        (any::<bool>(), 0u32..5),
         prop::option::of(any::<bool>()),
         any::<bool>(),
     )
         .prop_map(
-            |(phase, asked, finished, same_uids, started, restarts, blocker, stale_template)| {
+            |(
+                phase,
+                asked,
+                finished,
+                same_uids,
+                started,
+                (running, restarts),
+                blocker,
+                stale_template,
+            )| {
                 PodChoice::Drain {
                     phase,
                     asked,
                     finished,
                     same_uids,
                     started,
+                    running,
                     restarts,
                     blocker,
                     stale_template,
@@ -917,6 +929,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             finished,
                             same_uids,
                             started,
+                            running,
                             restarts,
                             blocker,
                             stale_template,
@@ -935,6 +948,10 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             let d = drain_of(&mut p);
                             d.finished_at = finished.map(t);
                             d.started = started || phase != DrainPhase::Pending;
+                            // Only a started pod of an unfinished phase runs now.
+                            d.running = running
+                                && d.started
+                                && matches!(phase, DrainPhase::Running | DrainPhase::Unknown);
                             d.restarts = restarts;
                             d.blocker = blocker.map(|definitive| Blocker {
                                 reason: "ImagePullBackOff".to_owned(),
@@ -1411,6 +1428,39 @@ fn a_changed_template_replaces_a_pod_that_has_not_started() {
     drain_of(&mut running).template_hash = Some("h0".to_owned());
     let plan = super::plan(&snap(2, vec![c], vec![running]), &settings(), t(0));
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+}
+
+#[test]
+fn a_changed_template_replaces_a_pod_waiting_to_be_restarted_in_place_but_not_one_running() {
+    // restartPolicy OnFailure: the kubelet would rerun the old template in the same pod.
+    let c = with_record(claim("data", 2), running_record(2));
+    let crash_looping = |hash: &str, running: bool| {
+        let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+        let d = drain_of(&mut pod);
+        d.template_hash = Some(hash.to_owned());
+        d.restarts = 1;
+        d.running = running;
+        d.failure = Some("exit code 1".to_owned());
+        pod
+    };
+    let plan_for = |pod: PodObs| plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+
+    let waiting = plan_for(crash_looping("h0", false));
+    assert_eq!(
+        waiting.actions,
+        vec![stop_pod(2, DeleteWhy::TemplateChanged)]
+    );
+    assert!(
+        matches!(&waiting.status[&2], OrdinalState::Waiting { reason } if reason.contains("template changed")),
+        "{:?}",
+        waiting.status
+    );
+    // Restarted and running again: it finishes.
+    let running = plan_for(crash_looping("h0", true));
+    assert!(running.actions.is_empty(), "{:?}", running.actions);
+    // Today's template waits for its restart (up to --max-restarts).
+    let today = plan_for(crash_looping(HASH, false));
+    assert!(today.actions.is_empty(), "{:?}", today.actions);
 }
 
 #[test]
