@@ -324,6 +324,49 @@ async fn two_replicas_with_the_leader_killed_mid_drain() -> Result<()> {
     Ok(())
 }
 
+/// Two controllers without leader election acting on the same sets at once (a misconfigured
+/// install: a Deployment scaled to 2, or two installs watching one namespace), while a Parallel
+/// set flaps and its drain pods fail once and exit 0 on SIGTERM: every action is idempotent and
+/// every delete preconditioned, so I1–I3 hold with both racing for each create and delete.
+#[tokio::test]
+async fn two_controllers_without_leader_election_at_once() -> Result<()> {
+    const SCENARIO: &str = "unelected";
+    let mut rng = Rng::for_scenario(SCENARIO);
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-unelected").await?;
+    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    start_set(&ns, &drain_set("web", FLAKY_DRAIN).replicas(4).parallel()).await?;
+    wait_running(&ns, &pod_names("web", 0..4)).await?;
+    let controllers = [
+        ControllerProcess::start_named(&ns.name, "a", &[]),
+        ControllerProcess::start_named(&ns.name, "b", &[]),
+    ];
+    for round in 0..4 {
+        if round > 0 {
+            let up = rng.range(2, 5) as i32;
+            scale(&ns, "web", up).await?;
+            faults.add("scaled", format!("web to {up}"));
+            tokio::time::sleep(rng.millis(0, 3000)).await;
+        }
+        let down = rng.range(0, 2) as i32;
+        scale(&ns, "web", down).await?;
+        faults.add("scaled", format!("web to {down}"));
+        tokio::time::sleep(rng.millis(1000, 6000)).await;
+    }
+    scale(&ns, "web", 1).await?;
+    faults.add("scaled", "web to 1 (final)");
+    faults.print();
+    checked.settle(SETTLE).await?;
+    let verdict = checked.verdict()?;
+    drop(controllers);
+    ensure!(
+        verdict.claims_deleted >= 3,
+        "too few drains completed: {verdict}"
+    );
+    Ok(())
+}
+
 /// StatefulSets deleted mid-drain, one held by another controller's finalizer and one not:
 /// no claim is deleted, and nothing of ours is left once the sets are gone.
 #[tokio::test]
