@@ -33,6 +33,11 @@ pub struct Args {
     /// drain is cancelled (Warning ScaleUpWaitExceeded).
     #[arg(long, env = "DRAIN_CONTROLLER_SCALE_UP_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub scale_up_wait: Duration,
+    /// On SIGTERM, how long the reconciles in progress may take to finish before they are
+    /// dropped (and the Lease, under --leader-elect, is left to expire instead of released).
+    /// Keep it below the pod's terminationGracePeriodSeconds, minus a few seconds.
+    #[arg(long, env = "DRAIN_CONTROLLER_STOP_GRACE", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub stop_grace: Duration,
     /// Address of the admin HTTP server: /metrics (Prometheus), /livez, /readyz. Port 0 picks
     /// a free port (logged).
     #[arg(
@@ -154,6 +159,7 @@ mod tests {
         assert_eq!(a.retry_base_delay, Duration::from_millis(500));
         assert_eq!(a.stuck_after, Duration::from_secs(20));
         assert_eq!(a.max_restarts, 3);
+        assert_eq!(a.stop_grace, Duration::from_secs(20));
         assert_eq!(a.scale_up_wait, Duration::from_secs(300));
         assert_eq!(a.namespace.as_deref(), Some("ns"));
     }

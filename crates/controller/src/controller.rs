@@ -57,6 +57,8 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// Until Advanced StatefulSets are served, ask the API server this often.
     pub advanced_discovery: Duration,
+    /// How long a stop waits for the reconciles in progress (`--stop-grace`; see [`Halt`]).
+    pub stop_grace: Duration,
 }
 
 /// What the controller reports to the admin server: its metrics, and whether its caches synced.
@@ -433,12 +435,6 @@ fn set_watch<K: ServedSet>(
     (sets, stream, listed_rx)
 }
 
-/// How long a stop waits for the reconciles in progress before it drops them. Every action is
-/// idempotent and all state is in the cluster, so a dropped reconcile is resumed by the next
-/// leader like one cut by a crash; the bound keeps the stop (and the Lease's release) inside
-/// Kubernetes' default 30 s grace period.
-const STOP_GRACE: Duration = Duration::from_secs(20);
-
 /// Why a stop did not wait for kube-runtime's graceful shutdown to end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Halt {
@@ -446,7 +442,10 @@ enum Halt {
     /// so none had acted. (kube-runtime holds its runner until the sets are listed and stops
     /// polling their watch once a shutdown begins, so its graceful shutdown would never end.)
     NothingStarted,
-    /// [`STOP_GRACE`] passed with reconciles still running.
+    /// The stop's grace ([`ControllerConfig::stop_grace`]) passed with reconciles still
+    /// running. Every action is idempotent and all state is in the cluster, so a dropped
+    /// reconcile is resumed by the next leader like one cut by a crash; the default (20 s)
+    /// keeps the stop inside Kubernetes' default 30 s grace period.
     GraceOver,
 }
 
@@ -457,15 +456,16 @@ fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
 }
 
 /// Runs the controller of one kind of set until `shutdown` resolves, then lets the reconciles
-/// in progress finish, for at most [`STOP_GRACE`] (see [`Halt`]).
+/// in progress finish, for at most the stop's grace (see [`Halt`]). Returns how it stopped.
 async fn serve<K: ServedSet>(
     ctx: Arc<Context>,
     sets: Store<K>,
     stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
     triggers: mpsc::UnboundedReceiver<ObjectRef<K>>,
     shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
-) {
+) -> Stopped {
     let gained = ctx.config.leadership.gained();
+    let grace = ctx.config.stop_grace;
     let halt = {
         let (sets, ctx, stop) = (sets.clone(), Arc::clone(&ctx), shutdown.clone());
         async move {
@@ -476,7 +476,7 @@ async fn serve<K: ServedSet>(
             if halt_at_once(listed, *ctx.ready.borrow()) {
                 return Halt::NothingStarted;
             }
-            tokio::time::sleep(STOP_GRACE).await;
+            tokio::time::sleep(grace).await;
             Halt::GraceOver
         }
     };
@@ -497,19 +497,36 @@ async fn serve<K: ServedSet>(
             }
         });
     tokio::select! {
-        () = run => {}
+        () = run => Stopped::Clean,
         halt = halt => match halt {
-            Halt::NothingStarted => info!(
-                kind = K::KIND.label(),
-                "stopped before the sets and caches had synced; no reconcile had started"
-            ),
-            Halt::GraceOver => warn!(
-                kind = K::KIND.label(),
-                grace = ?STOP_GRACE,
-                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
-            ),
+            Halt::NothingStarted => {
+                info!(
+                    kind = K::KIND.label(),
+                    "stopped before the sets and caches had synced; no reconcile had started"
+                );
+                Stopped::Clean
+            }
+            Halt::GraceOver => {
+                warn!(
+                    kind = K::KIND.label(),
+                    grace = ?grace,
+                    "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+                );
+                Stopped::DroppedReconciles
+            }
         },
     }
+}
+
+/// How the controller stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// No reconcile was left running.
+    Clean,
+    /// Reconciles still running at the end of the stop's grace were dropped: requests of theirs
+    /// may still be on their way, so the Lease is left to expire, as after a crash, rather than
+    /// released for a standby to act at once.
+    DroppedReconciles,
 }
 
 fn tokio_stream_from<T: Send + 'static>(
@@ -690,13 +707,13 @@ async fn wait_for_advanced(client: &Client, every: Duration) {
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves; returns how it stopped.
 pub async fn run(
     client: Client,
     config: ControllerConfig,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), Error> {
+) -> Result<Stopped, Error> {
     let namespace = config.namespace.clone();
     let ns = namespace.as_deref();
     let wc = watcher::Config::default();
@@ -872,7 +889,7 @@ pub async fn run(
                 () = stop.clone() => false,
             };
             if !found {
-                return;
+                return Stopped::Clean;
             }
             let ns = ctx.config.namespace.clone();
             let (sets, stream, _) = set_watch::<AdvancedStatefulSet>(
@@ -881,15 +898,18 @@ pub async fn run(
                 ctx.drain_pod_index.clone(),
             );
             let _ = routes.advanced.set(sets.clone());
-            serve(Arc::clone(&ctx), sets, stream, advanced_triggers, stop).await;
+            serve(Arc::clone(&ctx), sets, stream, advanced_triggers, stop).await
         }
     };
-    futures::join!(builtin, advanced);
+    let stopped = match futures::join!(builtin, advanced) {
+        (Stopped::Clean, Stopped::Clean) => Stopped::Clean,
+        _ => Stopped::DroppedReconciles,
+    };
     nudger.abort();
     secondary.abort();
     gate.abort();
     info!("controller stopped");
-    Ok(())
+    Ok(stopped)
 }
 
 fn set_reference(kind: SetKind, set: &StatefulSet) -> ObjectReference {

@@ -335,6 +335,21 @@ impl Election {
         self.leadership.clone()
     }
 
+    /// Stops electing without releasing the Lease: it expires as after a crash, and only then
+    /// may a standby act (for a stop that had to drop work whose requests may still be on
+    /// their way). The fence is lowered first.
+    pub fn abandon(mut self) {
+        self.leadership.update(|i| i.holds = false);
+        self.manager.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
+        // Never closed: its close is what makes the manager release the Lease, and the abort
+        // takes effect only at the manager's next await. The process is exiting.
+        std::mem::forget(self.control.take());
+        warn!("leader election: the Lease is left to expire, as after a crash");
+    }
+
     /// Stops electing and releases the Lease if this replica holds it, so a standby takes over
     /// at once instead of after the lease duration.
     pub async fn release(mut self) {

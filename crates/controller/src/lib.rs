@@ -75,6 +75,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         leadership,
         dry_run: args.dry_run,
         advanced_discovery: args.advanced_discovery_interval,
+        stop_grace: args.stop_grace,
     };
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -86,10 +87,14 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         tracing::info!("shutting down");
     };
     // On SIGTERM the controller finishes the reconciles in progress, then the Lease is released
-    // so a standby takes over at once.
-    controller::run(client, config, telemetry, shutdown).await?;
+    // so a standby takes over at once; unless reconciles had to be dropped, whose requests may
+    // still be on their way: then the Lease expires as after a crash.
+    let stopped = controller::run(client, config, telemetry, shutdown).await?;
     if let Some(e) = election {
-        e.release().await;
+        match stopped {
+            controller::Stopped::Clean => e.release().await,
+            controller::Stopped::DroppedReconciles => e.abandon(),
+        }
     }
     Ok(())
 }

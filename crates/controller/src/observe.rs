@@ -239,8 +239,19 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
                 .as_ref()
                 .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
     });
-    let running =
-        container_statuses(pod).any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+    // A native sidecar (an init container with `restartPolicy: Always`) runs beside the drain,
+    // so it does not make the drain running.
+    let sidecars: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| c.name.as_str())
+        .collect();
+    let running = container_statuses(pod).any(|c| {
+        !sidecars.contains(&c.name.as_str())
+            && c.state.as_ref().is_some_and(|s| s.running.is_some())
+    });
     let restarts = container_statuses(pod)
         .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
         .max()
@@ -445,6 +456,31 @@ mod tests {
         assert!(waiting.started && !waiting.running && waiting.restarts == 1);
         let restarted = pod(serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:10Z"}}));
         assert!(restarted.started && restarted.running);
+    }
+
+    #[test]
+    fn a_running_native_sidecar_does_not_make_a_crash_looping_drain_running() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-2", "uid": "p"},
+            "spec": {
+                "initContainers": [{"name": "proxy", "restartPolicy": "Always"}],
+                "containers": [{"name": "drain"}]
+            },
+            "status": {"phase": "Running",
+                "initContainerStatuses": [{
+                    "name": "proxy", "image": "x", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}
+                }],
+                "containerStatuses": [{
+                    "name": "drain", "image": "x", "imageID": "", "ready": false,
+                    "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}
+                }]}
+        }))
+        .unwrap();
+        let PodKind::Drain(d) = drain_pod(&pod, 2).kind else {
+            unreachable!()
+        };
+        assert!(d.started && !d.running && d.restarts == 2);
     }
 
     #[test]

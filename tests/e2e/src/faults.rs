@@ -13,7 +13,7 @@ use drain_api::annotations;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -411,6 +411,69 @@ impl ClaimDeleteDenial {
     /// Lifts the denial.
     pub async fn lift(&self) -> Result<()> {
         self.0.lift().await
+    }
+}
+
+/// Creates of drain pods in one namespace that hang: a validating webhook whose endpoint (a
+/// listener of this process on 127.0.0.1) accepts connections and never answers, so the API
+/// server waits for it for up to `timeoutSeconds` (then lets the create through:
+/// `failurePolicy: Ignore`). The webhook goes when this is dropped; the listener with it.
+pub struct HangingCreates {
+    _cleanup: Finally,
+    _listener: std::thread::JoinHandle<()>,
+}
+
+impl HangingCreates {
+    /// Makes each drain pod create in the namespace hang for `seconds` (at most 30).
+    pub async fn create(client: &Client, ns: &TestNamespace, seconds: u32) -> Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let accept = std::thread::spawn(move || {
+            // Held open, never read or written: the API server's TLS handshake never ends.
+            let mut held = Vec::new();
+            for conn in listener.incoming().flatten() {
+                held.push(conn);
+            }
+        });
+        let name = format!("{}-hang-drain-pod-creates", ns.name);
+        let cleanup = {
+            let name = name.clone();
+            Finally::new(&format!("webhook {name}"), move |client| {
+                Box::pin(async move {
+                    ok_if_gone(
+                        Api::<ValidatingWebhookConfiguration>::all(client)
+                            .delete(&name, &DeleteParams::default())
+                            .await,
+                    )
+                })
+            })
+        };
+        let webhook: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "hang.e2e.statefulset-drain.local",
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/hang")},
+                "rules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["pods"],
+                }],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
+                "objectSelector": {"matchExpressions": [{
+                    "key": drain_api::labels::DRAIN_POD, "operator": "Exists",
+                }]},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": seconds.min(30),
+            }],
+        }))?;
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .create(&Default::default(), &webhook)
+            .await?;
+        Ok(Self {
+            _cleanup: cleanup,
+            _listener: accept,
+        })
     }
 }
 

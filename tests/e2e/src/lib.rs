@@ -277,23 +277,25 @@ impl ControllerProcess {
     /// (4 s lease, 3 s renew deadline, 1 s retry period), logging like
     /// [`start_named`](Self::start_named).
     pub fn start_replica(namespace: &str, name: &str) -> Self {
-        Self::start_named(
+        Self::start_replica_with(namespace, name, &[])
+    }
+
+    /// Like [`start_replica`](Self::start_replica), with these arguments too.
+    pub fn start_replica_with(namespace: &str, name: &str, extra: &[&str]) -> Self {
+        let election = [
+            "--leader-elect",
+            "--leader-elect-namespace",
             namespace,
+            "--leader-elect-identity",
             name,
-            &[
-                "--leader-elect",
-                "--leader-elect-namespace",
-                namespace,
-                "--leader-elect-identity",
-                name,
-                "--leader-elect-lease-duration",
-                "4s",
-                "--leader-elect-renew-deadline",
-                "3s",
-                "--leader-elect-retry-period",
-                "1s",
-            ],
-        )
+            "--leader-elect-lease-duration",
+            "4s",
+            "--leader-elect-renew-deadline",
+            "3s",
+            "--leader-elect-retry-period",
+            "1s",
+        ];
+        Self::start_named(namespace, name, &[&election[..], extra].concat())
     }
 
     /// Like [`start`](Self::start), logging with this `RUST_LOG` filter.

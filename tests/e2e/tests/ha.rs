@@ -1,14 +1,15 @@
 //! High availability on the real cluster: two controller replicas with `--leader-elect`, one
 //! Lease. Only the holder acts; a standby completes a drain whose leader was SIGKILLed, a leader
 //! that lost its Lease (paused past its renew deadline) never acts again while another holds it,
-//! and SIGTERM releases the Lease and exits 0.
+//! SIGTERM releases the Lease and exits 0, and a SIGTERM whose reconcile hangs past the stop's
+//! grace drops it and leaves the Lease to expire.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE as TEMPLATE;
-use e2e::faults::count_log_lines;
+use e2e::faults::{HangingCreates, count_log_lines};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -157,5 +158,60 @@ async fn sigterm_releases_the_lease_and_exits_0() -> Result<()> {
     );
     // The standby takes it at its next check, within the lease duration.
     wait_holder(&ns, "b", Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// SIGTERM while a reconcile hangs in a drain pod create (an admission webhook that never
+/// answers, for 15 s): after `--stop-grace` (2 s here) the reconcile is dropped, the replica
+/// exits 0, and the Lease is left to expire as after a crash instead of released, because the
+/// dropped create may still land. The standby then takes over and completes the drain.
+#[tokio::test]
+async fn sigterm_drops_a_hung_reconcile_after_the_grace_and_lets_the_lease_expire() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ha-grace").await?;
+    let hang = HangingCreates::create(&client, &ns, 15).await?;
+    start_set(&ns, &drain_set("web", "exit 0").replicas(2)).await?;
+    wait_running(&ns, &pod_names("web", 0..2)).await?;
+    let elect =
+        |name: &str| ControllerProcess::start_replica_with(&ns.name, name, &["--stop-grace", "2s"]);
+    let mut a = elect("a");
+    wait_holder(&ns, "a", T).await?;
+    let b = elect("b");
+    wait_for(T, "the standby is standing by", || async {
+        Ok(log_lines(&b.log, "standing by") > 0)
+    })
+    .await?;
+
+    scale(&ns, "web", 1).await?;
+    wait_for(T, "the leader creating the drain pod", || async {
+        Ok(log_lines(&a.log, "CreateDrainPod") > 0)
+    })
+    .await?;
+    let signalled = Instant::now();
+    a.signal("TERM");
+    let code = a.wait_exit(Duration::from_secs(12));
+    let took = signalled.elapsed();
+    ensure!(code == Some(Some(0)), "exit after SIGTERM: {code:?}");
+    ensure!(
+        took >= Duration::from_millis(1500),
+        "exited after {took:?}, before the grace: was the create hanging?"
+    );
+    ensure!(
+        log_lines(&a.log, "at the end of the stop's grace; dropped") >= 1
+            && log_lines(&a.log, "left to expire") == 1
+            && log_lines(&a.log, "lease released") == 0,
+        "no dropped reconcile or a released Lease in {}",
+        a.log.display()
+    );
+    ensure!(
+        holder(&ns).await?.as_deref() == Some("a"),
+        "the Lease was released"
+    );
+    drop(hang);
+    // The standby takes the Lease once it expires, and the drain completes.
+    wait_holder(&ns, "b", T).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    wait_pod_gone(&ns, "web-1", T).await?;
+    assert_claims_kept(&ns, &["data-web-0"]).await?;
     Ok(())
 }

@@ -283,9 +283,15 @@ async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
             || async { Ok(count_log_lines(&controller.log, "is forbidden")? > 0) },
         )
         .await?;
-        // What cannot be listed is not synced: the controller is not Ready.
-        let (code, _) = get(&format!("{}/readyz", controller.admin_url())).await?;
-        ensure!(code == 503, "{denied} denied: /readyz answered {code}");
+        // What cannot be listed is not synced: the controller is not Ready, also once the
+        // watches that can list have (well within 3 s).
+        let readyz = format!("{}/readyz", controller.admin_url());
+        hold(Duration::from_secs(3), "not Ready", || async {
+            let (code, _) = get(&readyz).await?;
+            ensure!(code == 503, "{denied} denied: /readyz answered {code}");
+            Ok(())
+        })
+        .await?;
 
         controller.signal("TERM");
         let code = controller.wait_exit(Duration::from_secs(10));

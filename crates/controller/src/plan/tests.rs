@@ -948,10 +948,14 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             let d = drain_of(&mut p);
                             d.finished_at = finished.map(t);
                             d.started = started || phase != DrainPhase::Pending;
-                            // Only a started pod of an unfinished phase runs now.
+                            // Only a started pod of an unfinished phase runs now (Pending:
+                            // an init container).
                             d.running = running
                                 && d.started
-                                && matches!(phase, DrainPhase::Running | DrainPhase::Unknown);
+                                && matches!(
+                                    phase,
+                                    DrainPhase::Running | DrainPhase::Unknown | DrainPhase::Pending
+                                );
                             d.restarts = restarts;
                             d.blocker = blocker.map(|definitive| Blocker {
                                 reason: "ImagePullBackOff".to_owned(),
