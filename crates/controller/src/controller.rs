@@ -57,7 +57,7 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// Until Advanced StatefulSets are served, ask the API server this often.
     pub advanced_discovery: Duration,
-    /// How long a stop waits for the reconciles in progress (`--stop-grace`; see [`Halt`]).
+    /// How long a stop waits for the reconciles in progress (`--stop-grace`; see [`Stopped`]).
     pub stop_grace: Duration,
 }
 
@@ -180,10 +180,10 @@ struct Caches {
 /// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness.
 async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
     async fn listed(mut flag: tokio::sync::watch::Receiver<bool>) -> Result<(), ()> {
-        match flag.wait_for(|listed| *listed).await {
-            Ok(_) => Ok(()),
-            Err(_) => Err(()),
-        }
+        flag.wait_for(|listed| *listed)
+            .await
+            .map(drop)
+            .map_err(drop)
     }
     let synced = futures::try_join!(
         listed(caches.sets_listed.clone()),
@@ -435,20 +435,6 @@ fn set_watch<K: ServedSet>(
     (sets, stream, listed_rx)
 }
 
-/// Why a stop did not wait for kube-runtime's graceful shutdown to end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Halt {
-    /// The sets or the other caches had not synced: no reconcile had got past its wait for them,
-    /// so none had acted. (kube-runtime holds its runner until the sets are listed and stops
-    /// polling their watch once a shutdown begins, so its graceful shutdown would never end.)
-    NothingStarted,
-    /// The stop's grace ([`ControllerConfig::stop_grace`]) passed with reconciles still
-    /// running. Every action is idempotent and all state is in the cluster, so a dropped
-    /// reconcile is resumed by the next leader like one cut by a crash; the default (20 s)
-    /// keeps the stop inside Kubernetes' default 30 s grace period.
-    GraceOver,
-}
-
 /// Whether a stop, at this instant, may drop the controller of one kind of set at once: yes
 /// while its sets are not listed or the other caches have not synced.
 fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
@@ -456,7 +442,7 @@ fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
 }
 
 /// Runs the controller of one kind of set until `shutdown` resolves, then lets the reconciles
-/// in progress finish, for at most the stop's grace (see [`Halt`]). Returns how it stopped.
+/// in progress finish, for at most the stop's grace (see [`Stopped`]). Returns how it stopped.
 async fn serve<K: ServedSet>(
     ctx: Arc<Context>,
     sets: Store<K>,
@@ -474,10 +460,19 @@ async fn serve<K: ServedSet>(
             // controller is dropped right away, so the runner's waker is not needed any more.
             let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
             if halt_at_once(listed, *ctx.ready.borrow()) {
-                return Halt::NothingStarted;
+                info!(
+                    kind = K::KIND.label(),
+                    "stopped before the sets and caches had synced; no reconcile had started"
+                );
+                return Stopped::Clean;
             }
             tokio::time::sleep(grace).await;
-            Halt::GraceOver
+            warn!(
+                kind = K::KIND.label(),
+                grace = ?grace,
+                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+            );
+            Stopped::DroppedReconciles
         }
     };
     let run = Controller::for_stream(stream, sets)
@@ -498,34 +493,24 @@ async fn serve<K: ServedSet>(
         });
     tokio::select! {
         () = run => Stopped::Clean,
-        halt = halt => match halt {
-            Halt::NothingStarted => {
-                info!(
-                    kind = K::KIND.label(),
-                    "stopped before the sets and caches had synced; no reconcile had started"
-                );
-                Stopped::Clean
-            }
-            Halt::GraceOver => {
-                warn!(
-                    kind = K::KIND.label(),
-                    grace = ?grace,
-                    "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
-                );
-                Stopped::DroppedReconciles
-            }
-        },
+        stopped = halt => stopped,
     }
 }
 
 /// How the controller stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
-    /// No reconcile was left running.
+    /// No reconcile was left running: kube-runtime's graceful shutdown ended, or the sets or
+    /// the other caches had not synced, so no reconcile had got past its wait for them and none
+    /// had acted. (kube-runtime holds its runner until the sets are listed and stops polling
+    /// their watch once a shutdown begins, so its graceful shutdown would never end then.)
     Clean,
-    /// Reconciles still running at the end of the stop's grace were dropped: requests of theirs
-    /// may still be on their way, so the Lease is left to expire, as after a crash, rather than
-    /// released for a standby to act at once.
+    /// The stop's grace ([`ControllerConfig::stop_grace`], 20 s by default: inside
+    /// Kubernetes' default 30 s grace period) passed with reconciles still running, and they
+    /// were dropped. Every action is idempotent and all state is in the cluster, so the next
+    /// leader resumes them as after a crash; but requests of theirs may still be on their way,
+    /// so the Lease is left to expire, as after a crash, rather than released for a standby to
+    /// act at once.
     DroppedReconciles,
 }
 
