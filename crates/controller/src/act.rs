@@ -213,6 +213,23 @@ impl ActError {
         }
     }
 
+    /// Whether the API server refused it because the namespace is being deleted (it then lets
+    /// nothing new be created in it): the namespace takes the set and its claims along, so
+    /// this is not a failure to retry or warn about.
+    pub fn namespace_terminating(&self) -> bool {
+        let source = match self {
+            Self::CreateDrainPod { source, .. }
+            | Self::DeleteDrainPod { source, .. }
+            | Self::DeleteClaim { source, .. }
+            | Self::Confirm { source, .. }
+            | Self::AnnotateClaim { source, .. } => source,
+            Self::NotLeader | Self::NoTemplate { .. } => return false,
+        };
+        // The cause's `reason` is the Kubernetes StatusCause's type.
+        matches!(source, kube::Error::Api(s) if s.code == 403
+            && s.details.as_ref().is_some_and(|d| d.causes.iter().any(|c| c.reason == "NamespaceTerminating")))
+    }
+
     /// The error with its cause, for people: "failed to delete claim data-web-2: denied".
     pub fn describe(&self) -> String {
         match std::error::Error::source(self) {

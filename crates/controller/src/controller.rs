@@ -141,6 +141,53 @@ pub struct Context {
 }
 
 impl Context {
+    /// Whether a set of `kind` named `name` is in `ns`, per the caches of the sets (`None`:
+    /// of either kind).
+    fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
+        let builtin = || self.sets.get(&ObjectRef::new(name).within(ns)).is_some();
+        let advanced = || {
+            self.advanced
+                .get()
+                .is_some_and(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
+        };
+        match kind {
+            Some(SetKind::StatefulSet) => builtin(),
+            Some(SetKind::Advanced) => advanced(),
+            None => builtin() || advanced(),
+        }
+    }
+
+    /// Forgets what is kept per set (backoff counts, pending withdrawals, the status memo,
+    /// metric series) for the sets no longer in the caches: run when a set is deleted or the
+    /// sets are relisted. Without it a deleted set's gauges show its last drains for ever, and
+    /// a cluster where sets come and go piles up entries. The drain pods of a deleted set go
+    /// with it (garbage collector), so no withdrawal is lost.
+    fn forget_gone_sets(&self) {
+        let keep = |(kind, ns, name): &SetId| self.set_exists(Some(*kind), ns, name);
+        self.failures.lock().expect("lock").retain(|id, _| keep(id));
+        self.unconfirmed.lock().expect("lock").retain(|id| keep(id));
+        self.withdrawing
+            .lock()
+            .expect("lock")
+            .retain(|id, _| keep(id));
+        self.dry_run_reported
+            .lock()
+            .expect("lock")
+            .retain(|id, _| keep(id));
+        self.status
+            .retain(|ns, name| self.set_exists(None, ns, name));
+        self.metrics
+            .retain_sets(|s| self.set_exists(None, &s.namespace, &s.statefulset));
+    }
+
+    /// After a reconcile of a set of `kind`: if the set was deleted meanwhile, what the
+    /// reconcile kept for it is forgotten now (the deletion's own sweep may have run before).
+    fn forget_if_gone(&self, kind: SetKind, ns: &str, name: &str) {
+        if !self.set_exists(Some(kind), ns, name) {
+            self.forget_gone_sets();
+        }
+    }
+
     /// Waits until every watch cache has synced (see [`gate_readiness`]).
     async fn wait_ready(&self) -> Result<(), Error> {
         let mut ready = self.ready.clone();
@@ -398,11 +445,13 @@ async fn drive<K>(
 }
 
 /// The watch of one kind of set: its cache, the sets that opted in or have drains in flight,
-/// and a flag that turns `true` once the sets have been listed.
+/// and a flag that turns `true` once the sets have been listed. Each deletion and each
+/// (re)list, once in the cache, is told on `gone` (see [`Context::forget_gone_sets`]).
 fn set_watch<K: ServedSet>(
     client: &Client,
     ns: Option<&str>,
     in_flight: Index,
+    gone: mpsc::UnboundedSender<()>,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -415,10 +464,15 @@ fn set_watch<K: ServedSet>(
             .default_backoff()
             .modify(K::slim)
             .reflect(writer)
-            .inspect_ok(move |event| {
-                if matches!(event, watcher::Event::InitDone) {
+            .inspect_ok(move |event| match event {
+                watcher::Event::InitDone => {
                     listed.send_replace(true);
+                    let _ = gone.send(());
                 }
+                watcher::Event::Delete(_) => {
+                    let _ = gone.send(());
+                }
+                _ => {}
             }),
         Filter {
             fingerprint: set_fingerprint::<K>,
@@ -789,8 +843,9 @@ pub async fn run(
     };
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
+    let (gone_tx, mut gone_rx) = mpsc::unbounded_channel();
     let (sets, set_stream, sets_listed) =
-        set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone());
+        set_watch::<StatefulSet>(&client, ns, drain_pod_index.clone(), gone_tx.clone());
     let ready = telemetry.ready.subscribe();
     let gate = tokio::spawn(gate_readiness(
         Caches {
@@ -847,6 +902,15 @@ pub async fn run(
             );
         }
     });
+    let forgetter = tokio::spawn({
+        let ctx = Arc::clone(&ctx);
+        async move {
+            while gone_rx.recv().await.is_some() {
+                while gone_rx.try_recv().is_ok() {}
+                ctx.forget_gone_sets();
+            }
+        }
+    });
     let nudger = tokio::spawn(tell_kruise(
         Arc::clone(&ctx),
         Arc::clone(&routes.advanced),
@@ -881,6 +945,7 @@ pub async fn run(
                 &ctx.client,
                 ns.as_deref(),
                 ctx.drain_pod_index.clone(),
+                gone_tx,
             );
             let _ = routes.advanced.set(sets.clone());
             serve(Arc::clone(&ctx), sets, stream, advanced_triggers, stop).await
@@ -891,6 +956,7 @@ pub async fn run(
         _ => Stopped::DroppedReconciles,
     };
     nudger.abort();
+    forgetter.abort();
     secondary.abort();
     gate.abort();
     info!("controller stopped");
@@ -1541,6 +1607,13 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());
         }
+        if failed.iter().any(|(_, e)| e.namespace_terminating()) {
+            // Not a failure: nothing new can be created in a namespace being deleted, and it
+            // takes the set and its claims along. No retry, and no Warning (no Event can be
+            // created in it either).
+            info!("the namespace is being deleted: no drain pod can be created in it, and its claims go with it");
+            return Ok(Requeue::await_change());
+        }
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
@@ -1560,6 +1633,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         }
         ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
         ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
+        ctx.forget_if_gone(kind, &ns, &name);
         let mut requeue = plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync);
         if withdrawals_left {
             requeue = requeue.min(Duration::from_secs(2));
@@ -1617,11 +1691,16 @@ async fn dry_run<K: ServedSet>(
 
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).
 fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
-    let mut failures = ctx.failures.lock().expect("failures lock");
-    let n = failures
-        .entry((K::KIND, set.namespace().unwrap_or_default(), set.name_any()))
-        .or_insert(0);
-    *n = n.saturating_add(1);
+    let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+    let n = {
+        let mut failures = ctx.failures.lock().expect("failures lock");
+        let n = failures
+            .entry((K::KIND, ns.clone(), name.clone()))
+            .or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    ctx.forget_if_gone(K::KIND, &ns, &name);
     ctx.metrics
         .reconciles
         .get_or_create(&crate::metrics::ResultLabels {
@@ -1634,7 +1713,7 @@ fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Re
             reason: err.reason().to_owned(),
         })
         .inc();
-    let delay = plan::backoff(*n, Duration::from_secs(1), Duration::from_secs(300));
+    let delay = plan::backoff(n, Duration::from_secs(1), Duration::from_secs(300));
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
     Requeue::requeue(delay)
 }

@@ -1,7 +1,8 @@
 //! The controller's Prometheus metrics (served on the admin port, see [`crate::admin`]).
 //!
 //! Labels are bounded: `namespace` and `statefulset` only for sets that opted in, never pod or
-//! claim names. Every metric is prefixed `statefulset_drain_`.
+//! claim names; a set's series go when the set is deleted ([`Metrics::retain_sets`]). Every
+//! metric is prefixed `statefulset_drain_`.
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
@@ -34,7 +35,7 @@ use prometheus_client::registry::Registry;
 use crate::plan::{Action, FailureKind, OrdinalState, Plan, PodKind, Snapshot};
 
 /// A set's labels.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct SetLabels {
     /// Its namespace.
     pub namespace: String,
@@ -122,7 +123,32 @@ pub struct Metrics {
     pub leader: Gauge,
     /// When stateful pods were seen gone, by `namespace/name`, until a drain pod is made.
     gone: Mutex<HashMap<String, Instant>>,
+    /// The sets that have series in the per-set families.
+    sets: Mutex<BTreeSet<SetLabels>>,
 }
+
+/// The `kind` label of `drains_failed_total` for a failure of `kind` (an interrupted drain is
+/// counted by `drains_interrupted_total` instead).
+fn failure_label(kind: FailureKind) -> Option<&'static str> {
+    match kind {
+        FailureKind::Interrupted => None,
+        FailureKind::Failed => Some("failed"),
+        FailureKind::Stuck => Some("stuck"),
+        FailureKind::Stalled => Some("stalled"),
+        FailureKind::DeadlineExceeded => Some("deadline_exceeded"),
+        FailureKind::Vanished => Some("vanished"),
+    }
+}
+
+/// Every `kind` label of `drains_failed_total`.
+const FAILURE_KINDS: [FailureKind; 6] = [
+    FailureKind::Failed,
+    FailureKind::Interrupted,
+    FailureKind::Stuck,
+    FailureKind::Stalled,
+    FailureKind::DeadlineExceeded,
+    FailureKind::Vanished,
+];
 
 /// How long a pod's disappearance is remembered for the reaction histogram.
 const GONE_TTL: Duration = Duration::from_secs(600);
@@ -152,6 +178,7 @@ impl Default for Metrics {
             kube_requests: Family::default(),
             leader: Gauge::default(),
             gone: Mutex::default(),
+            sets: Mutex::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -265,6 +292,7 @@ impl Metrics {
         failed: &BTreeSet<i32>,
     ) {
         let set = SetLabels::new(namespace, name);
+        self.sets.lock().expect("metrics lock").insert(set.clone());
         for action in plan
             .actions
             .iter()
@@ -285,18 +313,10 @@ impl Metrics {
                     }
                 }
                 Action::RecordFailure { kind, gave_up, .. } => {
-                    let kind = match kind {
-                        FailureKind::Interrupted => {
-                            self.drains_interrupted.get_or_create(&set).inc();
-                            None
-                        }
-                        FailureKind::Failed => Some("failed"),
-                        FailureKind::Stuck => Some("stuck"),
-                        FailureKind::Stalled => Some("stalled"),
-                        FailureKind::DeadlineExceeded => Some("deadline_exceeded"),
-                        FailureKind::Vanished => Some("vanished"),
-                    };
-                    if let Some(kind) = kind {
+                    if *kind == FailureKind::Interrupted {
+                        self.drains_interrupted.get_or_create(&set).inc();
+                    }
+                    if let Some(kind) = failure_label(*kind) {
                         self.drains_failed
                             .get_or_create(&FailureLabels {
                                 namespace: namespace.to_owned(),
@@ -343,6 +363,34 @@ impl Metrics {
                     OrdinalState::Waiting { .. } | OrdinalState::Retrying { .. }
                 )
             }));
+    }
+
+    /// Removes the series of every set for which `keep` is false (sets deleted): a deleted
+    /// set's gauges would otherwise show its last drains in progress for ever, and the labels
+    /// of sets come and gone would pile up.
+    pub fn retain_sets(&self, keep: impl Fn(&SetLabels) -> bool) {
+        let mut sets = self.sets.lock().expect("metrics lock");
+        sets.retain(|set| {
+            if keep(set) {
+                return true;
+            }
+            self.drains_started.remove(set);
+            self.drains_retried.remove(set);
+            self.drains_succeeded.remove(set);
+            self.drains_interrupted.remove(set);
+            self.drains_gave_up.remove(set);
+            self.drains_in_progress.remove(set);
+            self.orphaned_claims_waiting.remove(set);
+            self.drain_duration.remove(set);
+            for kind in FAILURE_KINDS.into_iter().filter_map(failure_label) {
+                self.drains_failed.remove(&FailureLabels {
+                    namespace: set.namespace.clone(),
+                    statefulset: set.statefulset.clone(),
+                    kind: kind.to_owned(),
+                });
+            }
+            false
+        });
     }
 
     /// Counts an API request and its outcome.
@@ -427,6 +475,59 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_series_of_a_deleted_set_go_and_the_others_stay() {
+        use crate::plan::{self, Settings};
+        use jiff::Timestamp;
+        let m = Metrics::default();
+        let claim = |o: i32| plan::Claim {
+            name: format!("data-x-{o}"),
+            uid: format!("uid-{o}"),
+            template: "data".into(),
+            ordinal: o,
+            terminating: false,
+            record: plan::DrainRecord::default(),
+        };
+        let snap = Snapshot {
+            set_name: "x".into(),
+            replicas: 1,
+            claims: vec![claim(1)],
+            ..Snapshot::default()
+        };
+        let p = plan::plan(&snap, &Settings::default(), Timestamp::now());
+        for name in ["web", "db"] {
+            m.record_reconcile("ns", name, &p, &snap, &BTreeSet::new());
+            m.drains_failed
+                .get_or_create(&FailureLabels {
+                    namespace: "ns".into(),
+                    statefulset: name.into(),
+                    kind: "vanished".into(),
+                })
+                .inc();
+            m.drain_duration
+                .get_or_create(&SetLabels::new("ns", name))
+                .observe(2.0);
+        }
+        m.retain_sets(|s| s.statefulset == "db");
+        let text = m.render();
+        assert!(
+            !text.contains(r#"statefulset="web""#),
+            "web's series left:\n{text}"
+        );
+        for needle in [
+            r#"statefulset_drain_drains_in_progress{namespace="ns",statefulset="db"} 1"#,
+            r#"statefulset_drain_drains_started_total{namespace="ns",statefulset="db"} 1"#,
+            r#"statefulset_drain_drains_failed_total{namespace="ns",statefulset="db",kind="vanished"} 1"#,
+        ] {
+            assert!(text.contains(needle), "{needle} missing in:\n{text}");
+        }
+        // A set reconciled again after its series went gets them back.
+        m.record_reconcile("ns", "web", &p, &snap, &BTreeSet::new());
+        assert!(m.render().contains(
+            r#"statefulset_drain_drains_in_progress{namespace="ns",statefulset="web"} 1"#
+        ));
     }
 
     #[test]

@@ -190,6 +190,17 @@ impl StatusMemo {
             .expect("status memo lock")
             .remove(&key(set));
     }
+
+    /// Forgets every set for which `keep(namespace, name)` is false (sets gone).
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        self.written
+            .lock()
+            .expect("status memo lock")
+            .retain(|k, _| {
+                let (ns, name) = k.split_once('/').unwrap_or(("", k));
+                keep(ns, name)
+            });
+    }
 }
 
 #[cfg(test)]
@@ -320,6 +331,18 @@ mod tests {
             memo.overlay_(&set("u", "1", None)).is_none(),
             "not remembered"
         );
+    }
+
+    #[test]
+    fn retain_forgets_the_sets_not_kept() {
+        let memo = StatusMemo::default();
+        let mut other = set("v", "100", None);
+        other.metadata.name = Some("db".into());
+        memo.want(&set("u", "100", None), Some("a".into()), 0);
+        memo.want(&other, Some("b".into()), 0);
+        memo.retain(|ns, name| ns == "ns" && name == "db");
+        assert_eq!(memo.status(&set("u", "100", None), 0), None);
+        assert_eq!(memo.status(&other, 0), Some("b".into()));
     }
 
     #[test]

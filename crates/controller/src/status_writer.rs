@@ -118,6 +118,11 @@ impl StatusWriter {
         self.inner.memo.forget(set);
     }
 
+    /// Forgets every set for which `keep(namespace, name)` is false (sets gone).
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        self.inner.memo.retain(keep);
+    }
+
     /// Has `status` written on `set` (`None`: removed), in the background, unless it is what the
     /// set shows already (read through the memo) or this replica may not act.
     pub fn submit(&self, kind: SetKind, set: &StatefulSet, status: Option<String>) {

@@ -13,9 +13,10 @@ use e2e::faults::{
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 const T: Duration = Duration::from_secs(120);
@@ -421,6 +422,71 @@ async fn metrics_and_health_show_a_drain() -> Result<()> {
         row("1").is_some_and(|r| r.contains("failed") && r.contains("data-web-1")),
         "ordinal 1 failed with its claim:\n{shown}"
     );
+    Ok(())
+}
+
+/// A set deleted mid-drain takes its metric series with it (its gauges would otherwise show a
+/// drain in progress for ever, and the labels of sets come and gone would pile up); another
+/// set's series stay, and the deleted set's claims are kept.
+#[tokio::test]
+async fn a_deleted_set_takes_its_metrics_with_it_and_leaves_its_claims() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-metrics-gone").await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    let metrics_url = format!("{}/metrics", controller.admin_url());
+    // web's drain never ends on its own; db is opted in and has nothing to drain.
+    let template = drain_template("sleep 3600", &["data"], json!({"restartPolicy": "Never"}));
+    for (name, replicas) in [("web", 2), ("db", 1)] {
+        let set = SetBuilder::new(name)
+            .replicas(replicas)
+            .annotation(DRAINER_POD_TEMPLATE, template.clone())
+            .parallel();
+        start_set(&ns, &set).await?;
+    }
+    wait_running(
+        &ns,
+        &[pod_names("web", 0..2), pod_names("db", 0..1)].concat(),
+    )
+    .await?;
+    scale(&ns, "web", 1).await?;
+    wait_drain_pod(&ns, "web-1", Some("Running")).await?;
+
+    let of = |set: &str| format!(r#"namespace="{}",statefulset="{set}""#, ns.name);
+    let in_progress = "statefulset_drain_drains_in_progress";
+    let last = std::sync::Mutex::new(String::new());
+    wait_for(
+        T,
+        "web's drain in progress and db's gauge in the metrics",
+        || async {
+            let text = get(&metrics_url).await?.1;
+            let shown = sample(&text, in_progress, &of("web")) == Some(1.0)
+                && sample(&text, in_progress, &of("db")) == Some(0.0);
+            *last.lock().unwrap() = text;
+            Ok(shown)
+        },
+    )
+    .await
+    .with_context(|| format!("metrics:\n{}", last.lock().unwrap()))?;
+
+    ns.api::<StatefulSet>()
+        .delete("web", &DeleteParams::background())
+        .await?;
+    wait_for(T, "web's series gone from the metrics", || async {
+        let text = get(&metrics_url).await?.1;
+        let gone = !text.contains(&of("web"));
+        *last.lock().unwrap() = text;
+        Ok(gone)
+    })
+    .await
+    .with_context(|| format!("metrics:\n{}", last.lock().unwrap()))?;
+    let text = last.into_inner().unwrap();
+    ensure!(
+        sample(&text, in_progress, &of("db")) == Some(0.0),
+        "db's series stay:\n{text}"
+    );
+    // The drain pod went with its set (garbage collector); the claims stay, undrained.
+    wait_pod_gone(&ns, "web-1", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
 }
 

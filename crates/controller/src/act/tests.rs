@@ -851,3 +851,30 @@ fn a_replaced_claim_is_reported_by_no_event() {
     let action = failure(2, FailureKind::Failed, true, false);
     assert!(events(&ctx, &action, &Outcome::ClaimGone("data-web-2".to_owned())).is_empty());
 }
+
+#[test]
+fn only_a_create_refused_for_a_namespace_being_deleted_is_namespace_terminating() {
+    // As the NamespaceLifecycle admission plugin answers (its cause type is `reason` in JSON).
+    let terminating: kube::core::Status = serde_json::from_value(serde_json::json!({
+        "status": "Failure", "code": 403, "reason": "Forbidden",
+        "message": "pods \"web-2\" is forbidden: unable to create new content in namespace ns because it is being terminated",
+        "details": {"name": "web-2", "kind": "pods", "causes": [{
+            "reason": "NamespaceTerminating", "message": "namespace ns is being terminated",
+            "field": "metadata.namespace"}]},
+    }))
+    .unwrap();
+    let create = |status: kube::core::Status| ActError::CreateDrainPod {
+        name: "web-2".to_owned(),
+        source: kube::Error::Api(Box::new(status)),
+    };
+    assert!(create(terminating.clone()).namespace_terminating());
+    // Another 403 (RBAC) is a failure like any other.
+    let rbac = kube::core::Status::failure("pods is forbidden", "Forbidden").with_code(403);
+    assert!(!create(rbac).namespace_terminating());
+    assert!(
+        !ActError::NoTemplate {
+            name: "web-2".to_owned()
+        }
+        .namespace_terminating()
+    );
+}
