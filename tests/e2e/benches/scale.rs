@@ -634,7 +634,12 @@ async fn main() -> Result<()> {
             drain_template("true", &["data"], json!({"restartPolicy": "Never"})),
         );
     start_set(&ns, &set).await?;
-    let (wall, during) = watches
+    let (
+        wall,
+        During {
+            configmaps: during, ..
+        },
+    ) = watches
         .baseline_during(
             &ns,
             drain_cycles(

@@ -6,7 +6,13 @@
 //!   drain pod of that name;
 //! - **drain succeeded → claims deleted**: the drain pod's first event in phase Succeeded → the
 //!   first event of its claim with a deletion timestamp;
-//! - **baseline, bare watch latency**: a ConfigMap create request sent → its Added event.
+//! - **baseline, bare watch latency**: a ConfigMap create request sent → its Added event;
+//! - **baseline, a pod written**: the same for a Pod (the write a reaction makes). Probe pods
+//!   are never scheduled (`schedulerName` of no scheduler) and are deleted once seen;
+//! - **floor, a minimal reactor**: this program itself creating a probe pod the instant it sees
+//!   a stateful pod's Deleted event, timed from that event to the probe's Added event: what
+//!   any controller's reaction costs at that instant, when the node is tearing the pod down
+//!   (with nothing to read, confirm or record).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +23,7 @@ use e2e::ops::*;
 use e2e::{TestNamespace, wait_for};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
@@ -43,6 +49,10 @@ pub struct Seen {
     pub reactions: Vec<Duration>,
     /// Drain pod Succeeded → claim deleted.
     pub cleanups: Vec<Duration>,
+    /// Stateful pod gone → this program's own probe pod created (see [`Watches::react`]).
+    pub floor: Vec<Duration>,
+    /// The minimal reactor's probes not seen yet: name → when their stateful pod went.
+    reacting: HashMap<String, Instant>,
     /// Pod and claim events (added, modified, deleted) seen after the initial lists.
     pub events: usize,
     /// Initial lists and relists of the pod and claim watches.
@@ -63,6 +73,9 @@ fn trace(what: &str, name: &str) {
         eprintln!("trace {:.3} {what} {name}", at.as_secs_f64());
     }
 }
+
+/// The prefix of the names of the probes (ConfigMaps and Pods) of the baselines.
+const PROBE: &str = "probe-";
 
 fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
     match event {
@@ -126,14 +139,30 @@ fn record_claim(seen: &mut Seen, event: watcher::Event<PersistentVolumeClaim>, a
     }
 }
 
-/// This program's watches of one namespace: pods and claims into [`Seen`], ConfigMap Added
-/// events to the baseline probes.
+/// Names seen by a watch, with the instant each was seen.
+type Probes = tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>;
+
+/// The baselines measured alongside a piece of work, one probe of each every 100 ms.
+pub struct During {
+    /// A ConfigMap create request sent → its Added event.
+    pub configmaps: Vec<Duration>,
+    /// A Pod create request sent → its Added event.
+    pub pods: Vec<Duration>,
+}
+
+/// This program's watches of one namespace: pods and claims into [`Seen`], the Added events of
+/// probe ConfigMaps and Pods to the baseline probes.
 pub struct Watches {
     /// What the pod and claim watches saw.
     pub seen: Arc<Mutex<Seen>>,
-    probes: tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>,
+    probes: Probes,
+    pod_probes: Probes,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    react: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// The prefix of the minimal reactor's probe pods.
+const REACTOR: &str = "probe-react-";
 
 impl Watches {
     /// Starts the three watches of `ns` and waits until each has listed the namespace.
@@ -144,12 +173,53 @@ impl Watches {
 
         let pods = watcher(ns.api::<Pod>(), watcher::Config::default());
         let (s, done) = (Arc::clone(&seen), synced_tx.clone());
+        let (pod_tx, pod_probes) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
+        let react = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (reacting, pods_api) = (Arc::clone(&react), ns.api::<Pod>());
         tasks.push(tokio::spawn(async move {
             let mut pods = std::pin::pin!(pods);
+            let mut reactions = 0usize;
             while let Some(Ok(e)) = pods.next().await {
                 let at = Instant::now();
-                if matches!(e, watcher::Event::InitDone) {
-                    let _ = done.send(());
+                match &e {
+                    watcher::Event::InitDone => {
+                        let _ = done.send(());
+                    }
+                    watcher::Event::Apply(p) if p.name_any().starts_with(REACTOR) => {
+                        let name = p.name_any();
+                        let mut seen = s.lock().expect("lock");
+                        if let Some(gone) = seen.reacting.remove(&name) {
+                            seen.floor.push(at - gone);
+                            let api = pods_api.clone();
+                            tokio::spawn(async move {
+                                let _ = api
+                                    .delete(&name, &DeleteParams::default().grace_period(0))
+                                    .await;
+                            });
+                        }
+                        continue;
+                    }
+                    watcher::Event::Apply(p) | watcher::Event::Delete(p)
+                        if p.name_any().starts_with(PROBE) =>
+                    {
+                        if matches!(e, watcher::Event::Apply(_)) {
+                            let _ = pod_tx.send((p.name_any(), at));
+                        }
+                        continue;
+                    }
+                    watcher::Event::Delete(p)
+                        if !is_drain(p) && reacting.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        // The minimal reactor: a pod created at once, nothing else.
+                        let name = format!("{REACTOR}{}-{reactions}", p.name_any());
+                        reactions += 1;
+                        s.lock().expect("lock").reacting.insert(name.clone(), at);
+                        let api = pods_api.clone();
+                        tokio::spawn(async move {
+                            let _ = api.create(&PostParams::default(), &Pod::named(&name)).await;
+                        });
+                    }
+                    _ => {}
                 }
                 record_pod(&mut s.lock().expect("lock"), e, at);
             }
@@ -196,8 +266,16 @@ impl Watches {
         Ok(Self {
             seen,
             probes,
+            pod_probes,
             tasks,
+            react,
         })
+    }
+
+    /// From now on, this program reacts to each stateful pod's Deleted event like a minimal
+    /// controller: it creates a probe pod at once ([`Seen::floor`]).
+    pub fn react(&self) {
+        self.react.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The bare watch latency: `n` ConfigMaps created one after the other in `ns`, each timed
@@ -206,31 +284,50 @@ impl Watches {
         let cms: Api<ConfigMap> = ns.api();
         let mut baseline = Vec::new();
         for i in 0..n {
-            baseline.push(probe(&cms, &mut self.probes, &format!("probe-{i}")).await?);
+            baseline.push(probe(&cms, &mut self.probes, &format!("{PROBE}{i}")).await?);
         }
         Ok(baseline)
     }
 
-    /// Runs `work` while timing the bare watch latency alongside it: a ConfigMap created every
-    /// 100 ms until `work` ends, each timed like [`baseline`](Self::baseline). The baseline
-    /// under the same load as `work` (the node starting and stopping pods).
+    /// The same as [`baseline`](Self::baseline) for Pods, the kind of write a reaction makes:
+    /// `n` probe pods created one after the other, each deleted once seen.
+    pub async fn pod_baseline(&mut self, ns: &TestNamespace, n: usize) -> Result<Vec<Duration>> {
+        let pods: Api<Pod> = ns.api();
+        let mut baseline = Vec::new();
+        for i in 0..n {
+            let name = format!("{PROBE}pod-{i}");
+            baseline.push(probe(&pods, &mut self.pod_probes, &name).await?);
+        }
+        Ok(baseline)
+    }
+
+    /// Runs `work` while timing the bare watch latency alongside it: a ConfigMap and then a
+    /// Pod created every 100 ms until `work` ends, each timed like
+    /// [`baseline`](Self::baseline). The baselines under the same load as `work` (the node
+    /// starting and stopping pods).
     pub async fn baseline_during<T>(
         &mut self,
         ns: &TestNamespace,
         work: impl Future<Output = Result<T>>,
-    ) -> Result<(T, Vec<Duration>)> {
+    ) -> Result<(T, During)> {
         let done = std::sync::atomic::AtomicBool::new(false);
         let cms: Api<ConfigMap> = ns.api();
-        let probes = &mut self.probes;
+        let pods: Api<Pod> = ns.api();
+        let (probes, pod_probes) = (&mut self.probes, &mut self.pod_probes);
         let probing = async {
-            let mut samples = Vec::new();
+            let mut during = During {
+                configmaps: Vec::new(),
+                pods: Vec::new(),
+            };
             let mut i = 0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                samples.push(probe(&cms, probes, &format!("probe-during-{i}")).await?);
+                let name = format!("{PROBE}during-{i}");
+                during.configmaps.push(probe(&cms, probes, &name).await?);
+                during.pods.push(probe(&pods, pod_probes, &name).await?);
                 i += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            anyhow::Ok(samples)
+            anyhow::Ok(during)
         };
         let work = async {
             let result = work.await;
@@ -255,28 +352,66 @@ impl Drop for Watches {
     }
 }
 
-/// One probe of the bare watch latency: the ConfigMap `name` created, timed from its create
+/// A kind of probe object: a ConfigMap, or a Pod that no scheduler takes and that is deleted
+/// once seen (not timed).
+trait ProbeObject:
+    kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Clone
+    + k8s_openapi::serde::Serialize
+    + k8s_openapi::serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The probe named `name`.
+    fn named(name: &str) -> Self;
+    /// Whether it is deleted once seen.
+    const DELETE: bool;
+}
+
+impl ProbeObject for ConfigMap {
+    fn named(name: &str) -> Self {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        }
+    }
+    const DELETE: bool = false;
+}
+
+impl ProbeObject for Pod {
+    fn named(name: &str) -> Self {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": "no-scheduler",
+                "containers": [{"name": "probe", "image": "busybox", "imagePullPolicy": "Never"}],
+            },
+        }))
+        .expect("probe pod")
+    }
+    const DELETE: bool = true;
+}
+
+/// One probe of the bare watch latency: the object `name` created, timed from its create
 /// request sent to its Added event on `probes`.
-async fn probe(
-    cms: &Api<ConfigMap>,
-    probes: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Instant)>,
-    name: &str,
-) -> Result<Duration> {
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    };
+async fn probe<K: ProbeObject>(api: &Api<K>, probes: &mut Probes, name: &str) -> Result<Duration> {
     let sent = Instant::now();
-    cms.create(&PostParams::default(), &cm).await?;
+    api.create(&PostParams::default(), &K::named(name)).await?;
     loop {
         let (got, at) = tokio::time::timeout(Duration::from_secs(10), probes.recv())
             .await
-            .context("watch event of a ConfigMap")?
+            .context("watch event of a probe")?
             .context("watch ended")?;
         if got == name {
+            if K::DELETE {
+                api.delete(name, &DeleteParams::default().grace_period(0))
+                    .await?;
+            }
             return Ok(at - sent);
         }
     }
