@@ -440,26 +440,31 @@ mod tests {
         }
     }
 
+    /// A set of one replica, `set`, whose claims of `ordinals` are orphaned.
+    fn orphaned(set: &str, ordinals: &[i32]) -> Snapshot {
+        let claim = |o: i32| crate::plan::Claim {
+            name: format!("data-{set}-{o}"),
+            uid: format!("uid-{o}"),
+            template: "data".into(),
+            ordinal: o,
+            terminating: false,
+            record: crate::plan::DrainRecord::default(),
+        };
+        Snapshot {
+            set_name: set.into(),
+            replicas: 1,
+            claims: ordinals.iter().map(|o| claim(*o)).collect(),
+            ..Snapshot::default()
+        }
+    }
+
     #[test]
     fn a_reconcile_counts_the_actions_carried_out_and_sets_the_gauges() {
         use crate::plan::{self, Settings};
         use jiff::Timestamp;
         let m = Metrics::default();
         // Two orphaned ordinals of a Parallel-like set (no limit): two drain pods created.
-        let claim = |o: i32| plan::Claim {
-            name: format!("data-web-{o}"),
-            uid: format!("uid-{o}"),
-            template: "data".into(),
-            ordinal: o,
-            terminating: false,
-            record: plan::DrainRecord::default(),
-        };
-        let snap = Snapshot {
-            set_name: "web".into(),
-            replicas: 1,
-            claims: vec![claim(1), claim(2)],
-            ..Snapshot::default()
-        };
+        let snap = orphaned("web", &[1, 2]);
         let settings = Settings {
             max_concurrent: None,
             ..Settings::default()
@@ -482,20 +487,7 @@ mod tests {
         use crate::plan::{self, Settings};
         use jiff::Timestamp;
         let m = Metrics::default();
-        let claim = |o: i32| plan::Claim {
-            name: format!("data-x-{o}"),
-            uid: format!("uid-{o}"),
-            template: "data".into(),
-            ordinal: o,
-            terminating: false,
-            record: plan::DrainRecord::default(),
-        };
-        let snap = Snapshot {
-            set_name: "x".into(),
-            replicas: 1,
-            claims: vec![claim(1)],
-            ..Snapshot::default()
-        };
+        let snap = orphaned("x", &[1]);
         let p = plan::plan(&snap, &Settings::default(), Timestamp::now());
         for name in ["web", "db"] {
             m.record_reconcile("ns", name, &p, &snap, &BTreeSet::new());

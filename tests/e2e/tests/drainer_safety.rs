@@ -236,3 +236,129 @@ async fn after_3_to_1_to_3_every_record_is_on_its_owner_again() -> Result<()> {
     }
     Ok(())
 }
+
+/// The readiness gate the test adds to the example's pods: a pod is Ready only while the test
+/// says so, whatever its server answers.
+const SERVING: &str = "e2e.statefulset-drain.local/serving";
+
+/// Sets the example pod of `ordinal`'s readiness gate, and waits until its Ready condition
+/// follows.
+async fn set_serving(ns: &TestNamespace, ordinal: i32, serving: bool) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    let name = drain_api::names::pod_name(DATASTORE, ordinal);
+    let status = if serving { "True" } else { "False" };
+    wait_for(T, &format!("pod {name} Running"), || async {
+        Ok(pods
+            .get_opt(&name)
+            .await?
+            .is_some_and(|p| phase(&p) == "Running"))
+    })
+    .await?;
+    // Conditions merge by type (strategic merge patch), as a readiness-gate controller writes.
+    let patch = json!({"status": {"conditions": [{
+        "type": SERVING,
+        "status": status,
+    }]}});
+    pods.patch_status(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(patch),
+    )
+    .await?;
+    wait_for(T, &format!("pod {name} Ready={status}"), || async {
+        Ok(pods
+            .get_opt(&name)
+            .await?
+            .is_some_and(|p| running_ready(&p) == serving))
+    })
+    .await
+}
+
+/// A remaining pod that is not Ready gets no records (a Parallel set, which scales down whatever
+/// the readiness of its pods): the drain moves what the Ready peers own,
+/// and the records the not-Ready one owns wait (its server answers all along: only readiness
+/// keeps them back); the claim stays until the peer is Ready again and the drain has finished.
+#[tokio::test]
+async fn records_wait_for_a_peer_that_is_not_ready_and_the_claim_stays_meanwhile() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-unready").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let gate = format!(
+        "      readinessGates:\n        - conditionType: {SERVING}\n      terminationGracePeriodSeconds: 10"
+    );
+    // Parallel: under OrderedReady the StatefulSet controller does not scale down while a pod
+    // is not Ready, so no drain would start.
+    apply_example(
+        &ns,
+        &[
+            ("      terminationGracePeriodSeconds: 10", &gate),
+            (
+                "podManagementPolicy: OrderedReady",
+                "podManagementPolicy: Parallel",
+            ),
+        ],
+    )?;
+    for o in 0..3 {
+        set_serving(&ns, o, true).await?;
+    }
+    let keys: Vec<String> = (0..RECORDS).map(|i| format!("rec-{i:04}")).collect();
+    let records = write_records(&ns, RECORDS, |i| {
+        drainer::placement::owner(&keys[i], &[0, 1, 2])
+    })
+    .await?;
+    let moved = keys_of_2(&records);
+    let owner = |k: &String| drainer::placement::owner(k, &[0, 1]);
+    let (to_0, to_1): (Vec<String>, Vec<String>) =
+        moved.iter().cloned().partition(|k| owner(k) == 0);
+    ensure!(
+        !to_0.is_empty() && !to_1.is_empty(),
+        "ordinal 2's records go to both: {} / {}",
+        to_0.len(),
+        to_1.len()
+    );
+    let claim = claim_uid(&ns, "data-datastore-2").await?;
+
+    set_serving(&ns, 0, false).await?;
+    scale(&ns, DATASTORE, 2).await?;
+    // The records of the Ready peer move.
+    let store_1 = store_of(&ns, 1).await?;
+    wait_for(
+        T,
+        "ordinal 2's records owned by ordinal 1 on ordinal 1",
+        || async {
+            let held: std::collections::BTreeSet<String> =
+                store_1.list().await?.into_iter().collect();
+            Ok(to_1.iter().all(|k| held.contains(k)))
+        },
+    )
+    .await?;
+    // Those of the not-Ready one do not, and nothing is deleted.
+    let store_0 = store_of(&ns, 0).await?;
+    hold(
+        Duration::from_secs(8),
+        "records kept back from a peer that is not Ready",
+        || async {
+            let held: std::collections::BTreeSet<String> =
+                store_0.list().await?.into_iter().collect();
+            let sent: Vec<&String> = to_0.iter().filter(|k| held.contains(*k)).collect();
+            ensure!(
+                sent.is_empty(),
+                "{} records sent to the not-Ready ordinal 0, e.g. {:?}",
+                sent.len(),
+                sent.first()
+            );
+            let drain = ns.api::<Pod>().get_opt("datastore-2").await?;
+            ensure!(
+                drain.as_ref().is_none_or(|p| phase(p) != "Succeeded"),
+                "the drain succeeded with a peer not Ready"
+            );
+            assert_claim_unchanged(&ns, "data-datastore-2", &claim).await
+        },
+    )
+    .await?;
+
+    set_serving(&ns, 0, true).await?;
+    wait_claim_gone(&ns, "data-datastore-2", T).await?;
+    assert_every_record_readable(&ns, &[0, 1], &records).await?;
+    Ok(())
+}
