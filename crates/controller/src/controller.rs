@@ -157,19 +157,17 @@ impl Context {
         }
     }
 
-    /// Forgets what is kept per set (backoff counts, pending withdrawals, the status memo,
-    /// metric series) for the sets no longer in the caches: run when a set is deleted or the
-    /// sets are relisted. Without it a deleted set's gauges show its last drains for ever, and
-    /// a cluster where sets come and go piles up entries. The drain pods of a deleted set go
-    /// with it (garbage collector), so no withdrawal is lost.
+    /// Forgets what is kept per set (backoff counts, the status memo, metric series) for the
+    /// sets no longer in the caches: run when a set is deleted or the sets are relisted.
+    /// Without it a deleted set's gauges show its last drains for ever, and a cluster where
+    /// sets come and go piles up entries. Pending withdrawals are kept: after `kubectl delete
+    /// sts --cascade=orphan` the drain pod outlives its set, and the set recreated under the
+    /// name withdraws it at its first reconcile (by UID), where nothing else would (it is not
+    /// the new set's drain pod, and holds the name of one of its pods).
     fn forget_gone_sets(&self) {
         let keep = |(kind, ns, name): &SetId| self.set_exists(Some(*kind), ns, name);
         self.failures.lock().expect("lock").retain(|id, _| keep(id));
         self.unconfirmed.lock().expect("lock").retain(|id| keep(id));
-        self.withdrawing
-            .lock()
-            .expect("lock")
-            .retain(|id, _| keep(id));
         self.dry_run_reported
             .lock()
             .expect("lock")
@@ -1607,12 +1605,13 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());
         }
-        if failed.iter().any(|(_, e)| e.namespace_terminating()) {
-            // Not a failure: nothing new can be created in a namespace being deleted, and it
-            // takes the set and its claims along. No retry, and no Warning (no Event can be
-            // created in it either).
-            info!("the namespace is being deleted: no drain pod can be created in it, and its claims go with it");
-            return Ok(Requeue::await_change());
+        // Not a failure: nothing new can be created in a namespace being deleted, and it takes
+        // the set and its claims along. No retry, and no Warning (no Event can be created in it
+        // either); the other ordinals' outcomes are reported as usual.
+        let (terminating, failed): (Vec<_>, Vec<_>) =
+            failed.into_iter().partition(|(_, e)| e.namespace_terminating());
+        if !terminating.is_empty() {
+            info!(ordinals = ?terminating.iter().map(|(o, _)| *o).collect::<Vec<_>>(), "the namespace is being deleted: no drain pod can be created in it, and its claims go with it");
         }
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
@@ -1634,6 +1633,9 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
         ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
         ctx.forget_if_gone(kind, &ns, &name);
+        if !terminating.is_empty() {
+            return Ok(Requeue::await_change());
+        }
         let mut requeue = plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync);
         if withdrawals_left {
             requeue = requeue.min(Duration::from_secs(2));

@@ -292,7 +292,10 @@ impl Metrics {
         failed: &BTreeSet<i32>,
     ) {
         let set = SetLabels::new(namespace, name);
-        self.sets.lock().expect("metrics lock").insert(set.clone());
+        // Held until the series are written: a sweep of deleted sets (`retain_sets`) in between
+        // would leave them for ever.
+        let mut sets = self.sets.lock().expect("metrics lock");
+        sets.insert(set.clone());
         for action in plan
             .actions
             .iter()
