@@ -1619,7 +1619,8 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe());
             errors.entry(*ordinal).or_insert_with(|| e.describe());
         }
-        let failed_ordinals = errors.keys().copied().collect();
+        // Not carried out, so not counted: the failed ordinals and those refused for the namespace.
+        let failed_ordinals = errors.keys().chain(terminating.iter().map(|(o, _)| o)).copied().collect();
         ctx.metrics.record_reconcile(&ns, &name, &plan, &snap, &failed_ordinals);
 
         // report: only if the outcome differs from what was handed in before the actions

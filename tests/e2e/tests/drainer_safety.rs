@@ -37,6 +37,13 @@ async fn example_with_records(
 ) -> Result<std::collections::BTreeMap<String, Vec<u8>>> {
     apply_example(ns, edits)?;
     wait_running(ns, &pod_names(DATASTORE, 0..3)).await?;
+    write_placed_records(ns).await
+}
+
+/// Writes [`RECORDS`] records to the 3-pod example, each on its owner.
+async fn write_placed_records(
+    ns: &TestNamespace,
+) -> Result<std::collections::BTreeMap<String, Vec<u8>>> {
     let keys: Vec<String> = (0..RECORDS).map(|i| format!("rec-{i:04}")).collect();
     write_records(ns, RECORDS, |i| {
         drainer::placement::owner(&keys[i], &[0, 1, 2])
@@ -301,11 +308,7 @@ async fn records_wait_for_a_peer_that_is_not_ready_and_the_claim_stays_meanwhile
     for o in 0..3 {
         set_serving(&ns, o, true).await?;
     }
-    let keys: Vec<String> = (0..RECORDS).map(|i| format!("rec-{i:04}")).collect();
-    let records = write_records(&ns, RECORDS, |i| {
-        drainer::placement::owner(&keys[i], &[0, 1, 2])
-    })
-    .await?;
+    let records = write_placed_records(&ns).await?;
     let moved = keys_of_2(&records);
     let owner = |k: &String| drainer::placement::owner(k, &[0, 1]);
     let (to_0, to_1): (Vec<String>, Vec<String>) =
