@@ -397,6 +397,12 @@ async fn apply_one<C: Cluster>(
             record_failure(cluster, ctx, *ordinal, claims, &failure).await
         }
         Action::RecordReturn { claims, at, .. } => record_return(cluster, claims, *at).await,
+        Action::RecordSuccess {
+            claims, pod_uid, ..
+        } => {
+            let record = set(&[(claim_annotations::SUCCEEDED_POD_UID, pod_uid.clone())]);
+            annotate_all(cluster, claims, &record).await
+        }
         Action::DeleteDrainPod {
             name,
             uid,
@@ -760,6 +766,13 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
                 names(claims)
             ),
         ),
+        Action::RecordSuccess { claims, .. } => (
+            "DryRunRecordSuccess",
+            format!(
+                "would record on claims {} that drain pod {pod} was seen succeeding",
+                names(claims)
+            ),
+        ),
         Action::DeleteDrainPod { why, .. } => (
             "DryRunDeleteDrainPod",
             format!("would delete drain pod {pod} ({why:?})"),
@@ -847,6 +860,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
             let (event_reason, what) = match kind {
                 FailureKind::Failed | FailureKind::Vanished => ("DrainFailed", "failed"),
                 FailureKind::Interrupted => ("DrainInterrupted", "was interrupted"),
+                FailureKind::Unproven => ("DrainUnproven", "exited 0 without proof it finished"),
                 FailureKind::Stuck => ("DrainStuck", "is stuck"),
                 FailureKind::Stalled => ("DrainStalled", "made no progress"),
                 FailureKind::DeadlineExceeded => {
@@ -960,6 +974,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
         }
         Action::RecordDrainPod { .. }
         | Action::RecordReturn { .. }
+        | Action::RecordSuccess { .. }
         | Action::ClearRecord { .. } => Vec::new(),
     }
 }

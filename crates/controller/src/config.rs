@@ -18,6 +18,34 @@ pub enum OnScaleUp {
     Cancel,
 }
 
+/// What proves that a drain pod finished, so that its claims may be deleted
+/// ([`annotations::SUCCESS_PROOF`]).
+///
+/// The default is the completion record: a claim kept by mistake costs a retry of its drain,
+/// a claim deleted by mistake costs its data, and an exit code of 0 is also what a program
+/// stopped by SIGTERM (a liveness probe's kill, an eviction, a scale-up's cancel) often
+/// returns. Only a program that finished writes the record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SuccessProof {
+    /// A container that exited 0 wrote the completion record naming exactly the pod's claims
+    /// (annotation value `completion-record`, the default).
+    #[default]
+    CompletionRecord,
+    /// Every container exited 0, seen by the controller with no stop requested (annotation
+    /// value `exit-code`); liveness and startup probes are refused on drain containers.
+    ExitCode,
+}
+
+impl SuccessProof {
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CompletionRecord => "completion-record",
+            Self::ExitCode => "exit-code",
+        }
+    }
+}
+
 /// The drain settings of one StatefulSet, from its annotations; every value is already valid.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainConfig {
@@ -37,6 +65,8 @@ pub struct DrainConfig {
     /// Whether a drained claim is deleted only once a person approved it (`drain-approval:
     /// manual`).
     pub manual_approval: bool,
+    /// What proves that a drain pod finished.
+    pub proof: SuccessProof,
 }
 
 impl Default for DrainConfig {
@@ -49,6 +79,7 @@ impl Default for DrainConfig {
             deadline: None,
             stall_after: None,
             manual_approval: false,
+            proof: SuccessProof::CompletionRecord,
         }
     }
 }
@@ -126,6 +157,13 @@ impl DrainConfig {
                 _ => return Err(invalid(key, value, "manual or automatic")),
             };
         }
+        if let Some((key, value)) = get(annotations::SUCCESS_PROOF) {
+            config.proof = match value.trim() {
+                "completion-record" => SuccessProof::CompletionRecord,
+                "exit-code" => SuccessProof::ExitCode,
+                _ => return Err(invalid(key, value, "completion-record or exit-code")),
+            };
+        }
         Ok(config)
     }
 
@@ -196,6 +234,7 @@ mod tests {
         assert_eq!(config.max_concurrent, None);
         assert_eq!(config.max_attempts, None);
         assert_eq!(config.deadline, None);
+        assert_eq!(config.proof, SuccessProof::CompletionRecord);
     }
 
     #[test]
@@ -208,6 +247,7 @@ mod tests {
             (annotations::DEADLINE_SECONDS, "600"),
             (annotations::STALL_SECONDS, "120"),
             (annotations::APPROVAL, "manual"),
+            (annotations::SUCCESS_PROOF, "exit-code"),
             ("unrelated.example.com/key", "anything"),
         ]);
         assert_eq!(
@@ -220,6 +260,7 @@ mod tests {
                 deadline: Some(Duration::from_secs(600)),
                 stall_after: Some(Duration::from_secs(120)),
                 manual_approval: true,
+                proof: SuccessProof::ExitCode,
             })
         );
     }
@@ -230,6 +271,8 @@ mod tests {
     #[case::inherit_true(annotations::INHERIT_POD_SPEC, "true")]
     #[case::max_concurrent_one(annotations::MAX_CONCURRENT, "1")]
     #[case::stall_seconds(annotations::STALL_SECONDS, "300")]
+    #[case::proof_record(annotations::SUCCESS_PROOF, "completion-record")]
+    #[case::proof_exit_code(annotations::SUCCESS_PROOF, " exit-code ")]
     fn accepts(#[case] annotation: &str, #[case] value: &str) {
         assert!(parse(&[(annotation, value)]).is_ok());
     }
@@ -248,6 +291,8 @@ mod tests {
     #[case::deadline_with_unit(annotations::DEADLINE_SECONDS, "10m")]
     #[case::stall_zero(annotations::STALL_SECONDS, "0")]
     #[case::stall_with_unit(annotations::STALL_SECONDS, "5m")]
+    #[case::proof_unknown(annotations::SUCCESS_PROOF, "exit-0")]
+    #[case::proof_capitalised(annotations::SUCCESS_PROOF, "Exit-Code")]
     fn rejects(#[case] annotation: &str, #[case] value: &str) {
         let error = parse(&[(annotation, value)]).unwrap_err();
         assert_eq!(error.reason(), "InvalidDrainAnnotation");

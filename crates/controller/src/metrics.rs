@@ -137,17 +137,19 @@ fn failure_label(kind: FailureKind) -> Option<&'static str> {
         FailureKind::Stalled => Some("stalled"),
         FailureKind::DeadlineExceeded => Some("deadline_exceeded"),
         FailureKind::Vanished => Some("vanished"),
+        FailureKind::Unproven => Some("unproven"),
     }
 }
 
 /// Every `kind` label of `drains_failed_total`.
-const FAILURE_KINDS: [FailureKind; 6] = [
+const FAILURE_KINDS: [FailureKind; 7] = [
     FailureKind::Failed,
     FailureKind::Interrupted,
     FailureKind::Stuck,
     FailureKind::Stalled,
     FailureKind::DeadlineExceeded,
     FailureKind::Vanished,
+    FailureKind::Unproven,
 ];
 
 /// How long a pod's disappearance is remembered for the reaction histogram.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use drain_api::completion::CompletionRecord;
 use drain_api::{annotations, claim_annotations, labels, pod_annotations};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -36,6 +37,8 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         template_hash: annotation(meta, claim_annotations::TEMPLATE_HASH).map(str::to_owned),
         returned_at: time(claim_annotations::RETURNED_AT),
         approved: annotation(meta, claim_annotations::APPROVED).map(str::trim) == Some("true"),
+        succeeded_pod_uid: annotation(meta, claim_annotations::SUCCEEDED_POD_UID)
+            .map(str::to_owned),
     }
 }
 
@@ -191,6 +194,40 @@ fn finished_at(pod: &Pod) -> Option<Timestamp> {
     latest.filter(|_| any)
 }
 
+/// The claims named by the completion record a regular container that exited 0 wrote to its
+/// termination message (the current run's, not an earlier one's), if one did.
+fn completion(pod: &Pod) -> Option<BTreeMap<String, String>> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| {
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            if t.exit_code != 0 {
+                return None;
+            }
+            CompletionRecord::parse(t.message.as_deref()?).map(|r| r.claims)
+        })
+}
+
+/// Whether the pod has a `DisruptionTarget` condition: something asked it to stop (an
+/// eviction, a preemption, its node shutting down).
+fn disrupted(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+}
+
+/// Whether a regular container has a liveness or startup probe.
+fn kill_probes(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .any(|c| c.liveness_probe.is_some() || c.startup_probe.is_some())
+}
+
 /// The latest time any of the pod's containers started running, if one did.
 fn started_at(pod: &Pod) -> Option<Timestamp> {
     container_statuses(pod)
@@ -272,6 +309,9 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             created_at: meta.creation_timestamp.as_ref().map(to_timestamp),
             delete_requested_at,
             finished_at: finished_at(pod),
+            completion: completion(pod),
+            disrupted: disrupted(pod),
+            kill_probes: kill_probes(pod),
             started,
             running,
             restarts,
@@ -393,46 +433,82 @@ mod tests {
         assert_eq!(r.first_attempt_at, None);
     }
 
-    fn deleted_pod(deletion: &str, grace: i64, finished: &str) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web-2", "uid": "p", "deletionTimestamp": deletion,
-                         "deletionGracePeriodSeconds": grace},
-            "status": {"phase": "Succeeded", "containerStatuses": [{
-                "name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 0, "finishedAt": finished}}
-            }]}
-        }))
-        .unwrap()
-    }
-
-    fn proven(pod: &Pod) -> bool {
-        match drain_pod(pod, 2).kind {
-            PodKind::Drain(d) => d.proven_success(),
+    fn succeeded_pod(extra: serde_json::Value) -> DrainPod {
+        let mut pod = serde_json::json!({
+            "metadata": {"name": "web-2", "uid": "p",
+                         "annotations": {(pod_annotations::CLAIMS): r#"{"data-web-2":"u1"}"#}},
+            "spec": {"containers": [{"name": "drain"}, {"name": "side"}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [
+                {"name": "side", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 0, "message": "bye"}}},
+                {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                 "state": {"terminated": {"exitCode": 0,
+                     "message": "{\"drainCompleted\":{\"claims\":{\"data-web-2\":\"u1\"}}}\n"}}}
+            ]}
+        });
+        json_patch_merge(&mut pod, extra);
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        match drain_pod(&pod, 2).kind {
+            PodKind::Drain(d) => d,
             _ => unreachable!(),
         }
     }
 
+    fn json_patch_merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_patch_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
     #[test]
-    fn the_delete_request_time_is_read_from_a_positive_grace_period_only() {
-        // Asked at :00 (timestamp :30, grace 30), finished at :10: interrupted.
-        assert!(!proven(&deleted_pod(
-            "2026-01-01T00:00:30Z",
-            30,
-            "2026-01-01T00:00:10Z"
-        )));
-        // Finished at :10, asked at :20 (timestamp :50, grace 30): it had finished.
-        assert!(proven(&deleted_pod(
-            "2026-01-01T00:00:50Z",
-            30,
-            "2026-01-01T00:00:10Z"
-        )));
-        // Seen on the real cluster: after the kubelet's final delete the timestamp is that
-        // delete's time and the grace 0, whatever the request was: never proof.
-        assert!(!proven(&deleted_pod(
-            "2026-01-01T00:00:50Z",
-            0,
-            "2026-01-01T00:00:10Z"
-        )));
+    fn what_a_succeeded_drain_pod_proves_is_read_from_its_messages_conditions_and_probes() {
+        let d = succeeded_pod(serde_json::json!({}));
+        assert_eq!(
+            d.completion,
+            Some(BTreeMap::from([("data-web-2".to_owned(), "u1".to_owned())]))
+        );
+        assert!(!d.disrupted && !d.kill_probes);
+        assert_eq!(d.completion.as_ref(), Some(&d.claims));
+
+        let disrupted = succeeded_pod(serde_json::json!({"status": {"conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+        ]}}));
+        assert!(disrupted.disrupted);
+
+        let probed = succeeded_pod(serde_json::json!({"spec": {"containers": [
+            {"name": "drain", "livenessProbe": {"exec": {"command": ["true"]}}}
+        ]}}));
+        assert!(probed.kill_probes);
+        let readiness_only = succeeded_pod(serde_json::json!({"spec": {"containers": [
+            {"name": "drain", "readinessProbe": {"exec": {"command": ["true"]}}}
+        ]}}));
+        assert!(!readiness_only.kill_probes);
+    }
+
+    #[test]
+    fn a_record_is_read_only_from_a_container_that_exited_0_in_its_current_run() {
+        let record = r#"{"drainCompleted":{"claims":{"data-web-2":"u1"}}}"#;
+        let failed = succeeded_pod(serde_json::json!({"status": {"containerStatuses": [
+            {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 1, "message": record}}}
+        ]}}));
+        assert_eq!(failed.completion, None);
+        let earlier_run = succeeded_pod(serde_json::json!({"status": {"containerStatuses": [
+            {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 1,
+             "state": {"terminated": {"exitCode": 0}},
+             "lastState": {"terminated": {"exitCode": 0, "message": record}}}
+        ]}}));
+        assert_eq!(earlier_run.completion, None);
+        let not_a_record = succeeded_pod(serde_json::json!({"status": {"containerStatuses": [
+            {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"terminated": {"exitCode": 0, "message": format!("done\n{record}")}}}
+        ]}}));
+        assert_eq!(not_a_record.completion, None);
     }
 
     #[test]

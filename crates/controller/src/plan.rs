@@ -11,8 +11,8 @@
 //! | nothing        | back in range, drain record on the claims      | `ClearRecord`                   |
 //! | stateful pod   | out of range (terminating or not)              | wait for it to go               |
 //! | foreign pod    | labelled as our drain pod, not owned by the set| `Warn` (blocked), never deleted |
-//! | drain pod      | succeeded before any deletion request          | `DeleteClaims` → `DeleteDrainPod` |
-//! | drain pod      | exited 0 after a deletion request (interrupted)| `RecordFailure`; claims kept    |
+//! | drain pod      | exited 0 with proof it finished (see below)    | `DeleteClaims` → `DeleteDrainPod` |
+//! | drain pod      | exited 0, no proof (stopped, no record)        | `RecordFailure` → `DeleteDrainPod`; claims kept |
 //! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | stuck (cannot start, crash-looping)            | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | not started, built from an older template      | `DeleteDrainPod` (replaced)     |
@@ -27,8 +27,16 @@
 //! template runs: that pod's series (started at its creation) is the record its drain is judged
 //! by, and `RecordDrainPod`/`RecordFailure` write it.
 //!
+//! What proves a drain finished is the set's [`SuccessProof`] ([`finish`]): under the default
+//! completion record, a container that exited 0 wrote the record naming exactly the pod's
+//! claims (nothing else counts, and no clock is read); under `exit-code`, the pod was seen
+//! `Succeeded` with no deletion requested and no `DisruptionTarget` condition, and no container
+//! has a liveness or startup probe. That observation is recorded on the claims
+//! (`RecordSuccess`) before anything else is done, so a later deletion request cannot make it
+//! unknown; what is not known is not proven, and the drain runs again.
+//!
 //! Invariants (property-tested below): a claim is deleted only when a drain pod of its ordinal
-//! recorded that claim's UID and succeeded before anyone asked for its deletion; no drain pod is
+//! recorded that claim's UID and proved it finished by the set's proof; no drain pod is
 //! created for an ordinal in range or whose name is taken; never more drains at once than
 //! allowed; a drain pod believed unfinished is only deleted with a resourceVersion precondition
 //! (the act step's withdrawal of a create the live read did not confirm is not planned here).
@@ -39,7 +47,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::config::OnScaleUp;
+use crate::config::{OnScaleUp, SuccessProof};
 pub use drain_api::progress::DrainProgress;
 
 /// What an ordinal's claims remember about its drain (annotations on the claims, see
@@ -64,6 +72,9 @@ pub struct DrainRecord {
     pub returned_at: Option<Timestamp>,
     /// A person approved deleting this claim (`drain-approved: "true"`); per claim, not merged.
     pub approved: bool,
+    /// Under the `exit-code` proof: the drain pod the controller saw succeed with no stop
+    /// requested; per claim, not merged (any claim recording the pod's UID is proof).
+    pub succeeded_pod_uid: Option<String>,
 }
 
 impl DrainRecord {
@@ -97,7 +108,7 @@ pub enum DrainPhase {
     Pending,
     /// Running.
     Running,
-    /// Every container exited 0 (a success only if that happened before any deletion request).
+    /// Every container exited 0 (a success only with the set's proof: see [`finish`]).
     Succeeded,
     /// Failed (or evicted).
     Failed,
@@ -136,7 +147,17 @@ pub struct DrainPod {
     /// timestamp of a terminal pod's final delete).
     pub delete_requested_at: Option<Timestamp>,
     /// When its last container finished; `None` unless every container reports a finish time.
+    /// For metrics only: no decision compares it with the API server's clock.
     pub finished_at: Option<Timestamp>,
+    /// The claims `{name: UID}` named by the completion record that a container which exited 0
+    /// wrote to its termination message, if one did.
+    pub completion: Option<BTreeMap<String, String>>,
+    /// Whether it has a `DisruptionTarget` condition (evicted, preempted, its node shutting
+    /// down): it was asked to stop.
+    pub disrupted: bool,
+    /// Whether one of its regular containers has a liveness or startup probe, whose kill of a
+    /// program that exits 0 on SIGTERM leaves a `Succeeded` pod with no deletion requested.
+    pub kill_probes: bool,
     /// Whether any of its containers ever ran.
     pub started: bool,
     /// Whether any of its containers is running now.
@@ -151,16 +172,105 @@ pub struct DrainPod {
     pub progress: Option<DrainProgress>,
 }
 
-impl DrainPod {
-    /// Whether it succeeded before anyone asked for its deletion: a pod told to stop may exit 0
-    /// without having finished, so its success is proven only by a finish time strictly before
-    /// the deletion request (a tie or missing data is not proof).
-    pub fn proven_success(&self) -> bool {
-        self.phase == DrainPhase::Succeeded
-            && match self.delete_requested_at {
-                None => true,
-                Some(asked) => self.finished_at.is_some_and(|done| done < asked),
+/// What a drain pod proves about its drain, under the set's [`SuccessProof`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// Not finished (pending, running, failed or unknown).
+    NotFinished,
+    /// It finished: its claims may go. With `record_first`, the observation that proves it
+    /// (`exit-code`) is written on the claims before anything else is done.
+    Proven {
+        /// Whether the observation must be recorded first.
+        record_first: bool,
+    },
+    /// It exited 0 without proof that it finished: a failed attempt, the claims are kept.
+    Unproven {
+        /// Interrupted (asked to stop) or no proof.
+        kind: FailureKind,
+        /// Why, for people.
+        why: String,
+    },
+}
+
+fn claim_list(claims: &BTreeMap<String, String>) -> String {
+    if claims.is_empty() {
+        return "none".to_owned();
+    }
+    claims
+        .iter()
+        .map(|(name, uid)| format!("{name} ({uid})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Judges whether `pod`, a drain pod of the ordinal, finished, under `proof`; `recorded` says
+/// whether a claim of the ordinal records that it was seen succeeding (`exit-code` only).
+/// No clock is read: only what the pod reports and the order the API server gives.
+pub fn finish(pod: &PodObs, drain: &DrainPod, proof: SuccessProof, recorded: bool) -> Finish {
+    if drain.phase != DrainPhase::Succeeded {
+        return Finish::NotFinished;
+    }
+    let no_proof = |why: String| Finish::Unproven {
+        kind: FailureKind::Unproven,
+        why,
+    };
+    // Something asked it to stop: exit 0 then says nothing about the drain.
+    let stopped = if drain.disrupted {
+        Some(
+            "it was disrupted (DisruptionTarget condition: evicted, preempted or its node \
+             shutting down)"
+                .to_owned(),
+        )
+    } else {
+        pod.terminating.then(|| match drain.delete_requested_at {
+            Some(t) if t > Timestamp::MIN => format!("it was asked to stop at {t}"),
+            _ => "it was deleted".to_owned(),
+        })
+    };
+    let interrupted = |why: String| Finish::Unproven {
+        kind: FailureKind::Interrupted,
+        why,
+    };
+    match proof {
+        SuccessProof::CompletionRecord => match (&drain.completion, stopped) {
+            (Some(named), _) if !named.is_empty() && *named == drain.claims => Finish::Proven {
+                record_first: false,
+            },
+            (Some(named), _) => no_proof(format!(
+                "its completion record names claims {}, not the claims it was bound to ({})",
+                claim_list(named),
+                claim_list(&drain.claims)
+            )),
+            (None, Some(stop)) => interrupted(format!(
+                "{stop} and exited 0 without writing the completion record"
+            )),
+            (None, None) => no_proof(
+                "it exited 0 without writing the completion record (DRAIN_COMPLETION_RECORD to \
+                 its termination message), so nothing shows its drain finished"
+                    .to_owned(),
+            ),
+        },
+        SuccessProof::ExitCode => {
+            if recorded {
+                return Finish::Proven {
+                    record_first: false,
+                };
             }
+            if drain.kill_probes {
+                return no_proof(
+                    "a container has a liveness or startup probe, whose kill can end in exit 0, \
+                     and it was not seen succeeding before that could happen"
+                        .to_owned(),
+                );
+            }
+            match stopped {
+                Some(stop) => interrupted(format!(
+                    "{stop} and exited 0, and it was not seen succeeding before: whether it \
+                     finished is not known"
+                )),
+                None => Finish::Proven { record_first: true },
+            }
+        }
     }
 }
 
@@ -258,6 +368,8 @@ pub struct Settings {
     pub scale_up_wait: Duration,
     /// Whether drained claims are deleted only once approved (`drain-approval: manual`).
     pub manual_approval: bool,
+    /// What proves that a drain pod finished (`drain-success-proof`).
+    pub proof: SuccessProof,
 }
 
 impl Default for Settings {
@@ -277,6 +389,7 @@ impl Default for Settings {
             max_restarts: 3,
             scale_up_wait: Duration::from_secs(300),
             manual_approval: false,
+            proof: SuccessProof::CompletionRecord,
         }
     }
 }
@@ -321,6 +434,9 @@ pub enum FailureKind {
     Failed,
     /// The drain pod exited 0 after someone asked it to stop: not a success.
     Interrupted,
+    /// The drain pod exited 0 without the proof the set asks for (no completion record, one
+    /// naming other claims, or a probe that could have killed it).
+    Unproven,
     /// The drain pod could not start or crash-looped.
     Stuck,
     /// The drain pod's progress did not change for the set's stall time.
@@ -409,6 +525,16 @@ pub enum Action {
         /// Why.
         why: DeleteWhy,
     },
+    /// Record on the claims that their drain pod was seen succeeding with no stop requested
+    /// (`exit-code` proof), before anything else happens to it.
+    RecordSuccess {
+        /// Ordinal.
+        ordinal: i32,
+        /// Claims to annotate.
+        claims: Vec<ClaimRef>,
+        /// The drain pod's UID.
+        pod_uid: String,
+    },
     /// Delete claims whose drain succeeded (UID precondition).
     DeleteClaims {
         /// Ordinal.
@@ -450,6 +576,7 @@ impl Action {
             | Self::RecordDrainPod { ordinal, .. }
             | Self::RecordFailure { ordinal, .. }
             | Self::RecordReturn { ordinal, .. }
+            | Self::RecordSuccess { ordinal, .. }
             | Self::DeleteDrainPod { ordinal, .. }
             | Self::DeleteClaims { ordinal, .. }
             | Self::ClearRecord { ordinal, .. }
@@ -996,11 +1123,16 @@ impl<'a> Planner<'a> {
         pod: &PodObs,
         drain: &DrainPod,
     ) -> Option<OrdinalState> {
-        if drain.proven_success() {
-            return self.succeeded(ord, pod, drain);
-        }
-        if drain.phase == DrainPhase::Succeeded {
-            return self.interrupted(ord, pod, drain);
+        let recorded = ord
+            .live
+            .iter()
+            .any(|c| c.record.succeeded_pod_uid.as_deref() == Some(pod.uid.as_str()));
+        match finish(pod, drain, self.settings.proof, recorded) {
+            Finish::Proven { record_first } => {
+                return self.succeeded(ord, pod, drain, record_first);
+            }
+            Finish::Unproven { kind, why } => return self.unproven(ord, pod, kind, why),
+            Finish::NotFinished => {}
         }
         if pod.terminating {
             return self.terminating(ord, pod);
@@ -1034,19 +1166,24 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// The drain pod exited 0 after someone asked it to stop: not proof that the drain
-    /// finished, so a failed (interrupted) attempt.
-    fn interrupted(
+    /// The drain pod exited 0 without proof that its drain finished (asked to stop, no
+    /// completion record, ...): a failed attempt, and the pod goes; the claims are kept.
+    fn unproven(
         &mut self,
         ord: &Ordinal<'_>,
         pod: &PodObs,
-        drain: &DrainPod,
+        kind: FailureKind,
+        why: String,
     ) -> Option<OrdinalState> {
+        let delete = (!pod.terminating).then(|| delete_finished(ord, pod, DeleteWhy::Failed));
         if ord.in_range {
+            self.plan.actions.extend(delete);
             self.clear_record(ord);
             return None;
         }
         if ord.live.is_empty() {
+            // Nothing left to drain (the claims are gone or going): the pod only holds the name.
+            self.plan.actions.extend(delete);
             return Some(match ord.done_at() {
                 Some(at) => OrdinalState::Done { at },
                 None => OrdinalState::Waiting {
@@ -1054,20 +1191,15 @@ impl<'a> Planner<'a> {
                 },
             });
         }
-        let asked = match drain.delete_requested_at {
-            Some(t) if t > Timestamp::MIN => format!("was asked to stop at {t}"),
-            _ => "was deleted".to_owned(),
-        };
-        Some(self.failed_attempt(
+        let state = self.failed_attempt(
             ord,
             pod,
-            FailureKind::Interrupted,
-            "interrupted",
-            format!(
-                "drain pod {asked} and exited 0 without proof it had finished; the claims are \
-                 kept and the drain runs again"
-            ),
-        ))
+            kind,
+            "exited 0 without proof it finished",
+            format!("{why}; the claims are kept and the drain runs again"),
+        );
+        self.plan.actions.extend(delete);
+        Some(state)
     }
 
     /// The drain pod, not finished, is being deleted: wait until it is gone.
@@ -1247,13 +1379,22 @@ impl<'a> Planner<'a> {
         Some(state)
     }
 
-    /// The drain pod succeeded before anyone asked it to stop: its claims go, then the pod.
+    /// The drain pod proved that it finished: its claims go, then the pod. With
+    /// `record_first`, the observation that proves it is recorded on the claims first.
     fn succeeded(
         &mut self,
         ord: &Ordinal<'_>,
         pod: &PodObs,
         drain: &DrainPod,
+        record_first: bool,
     ) -> Option<OrdinalState> {
+        if record_first && !ord.live.is_empty() {
+            self.act(Action::RecordSuccess {
+                ordinal: ord.ordinal,
+                claims: ord.live_refs(),
+                pod_uid: pod.uid.clone(),
+            });
+        }
         // Only exactly the claims this pod drained; a claim recreated since is not touched.
         let drained: Vec<&Claim> = ord
             .live

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use serde_json::Value;
 
-use crate::config::DrainConfig;
+use crate::config::{DrainConfig, SuccessProof};
 
 /// Restart policy of drain pods whose template sets none.
 pub const DEFAULT_RESTART_POLICY: &str = "OnFailure";
@@ -111,6 +111,21 @@ pub enum TemplateError {
         /// Name of the StatefulSet.
         set: String,
     },
+    /// Under the `exit-code` proof, a container has a liveness or startup probe: its kill of a
+    /// program that exits 0 on SIGTERM would leave a pod that looks like a finished drain.
+    #[error(
+        "container {container} of the drain template has a {probe} probe, which the exit-code \
+         success proof cannot tell from a finished drain (a probe's kill of a program that exits \
+         0 on SIGTERM leaves a Succeeded pod): remove the probe, or have the drain write its \
+         completion record and set {annotation}: completion-record",
+        annotation = annotations::SUCCESS_PROOF
+    )]
+    KillingProbe {
+        /// The container's name.
+        container: String,
+        /// `liveness` or `startup`.
+        probe: &'static str,
+    },
 }
 
 impl TemplateError {
@@ -133,6 +148,7 @@ impl TemplateError {
             Self::DrainPodAdoptable { .. } => "DrainPodAdoptable",
             Self::ClaimsDeletedOnScaleDown { .. } => "ClaimsDeletedOnScaleDown",
             Self::NoClaimTemplates { .. } => "NoClaimTemplates",
+            Self::KillingProbe { .. } => "ProbeUnderExitCodeProof",
         }
     }
 }
@@ -381,6 +397,24 @@ pub fn validate(
                 claim_template: claim.clone(),
             }),
     );
+
+    if config.proof == SuccessProof::ExitCode {
+        for c in spec.containers.iter() {
+            let probes = [
+                ("liveness", c.liveness_probe.is_some()),
+                ("startup", c.startup_probe.is_some()),
+            ];
+            errors.extend(
+                probes
+                    .into_iter()
+                    .filter(|(_, set)| *set)
+                    .map(|(probe, _)| TemplateError::KillingProbe {
+                        container: c.name.clone(),
+                        probe,
+                    }),
+            );
+        }
+    }
 
     let ordinals_start = set_spec
         .ordinals
@@ -686,6 +720,13 @@ impl DrainTemplate {
             (env::ORDINALS_START, self.ordinals_start.to_string()),
             (env::POD_NAME, pod_name.to_owned()),
             (env::STATEFULSET_API_VERSION, self.owner_api_version.clone()),
+            (
+                env::COMPLETION_RECORD,
+                drain_api::completion::CompletionRecord::new(
+                    input.claims.values().cloned().collect(),
+                )
+                .render(),
+            ),
         ]
         .into_iter()
         .map(|(name, value)| EnvVar {
@@ -1123,6 +1164,10 @@ mod tests {
                 env(env::ORDINALS_START, "1"),
                 env(env::POD_NAME, "web-2"),
                 env(env::STATEFULSET_API_VERSION, "apps/v1"),
+                env(
+                    env::COMPLETION_RECORD,
+                    r#"{"drainCompleted":{"claims":{"data-web-2":"u1","logs-web-2":"u2"}}}"#,
+                ),
             ])
         };
         let mut drainer_env = drain_env("mine");
@@ -1333,6 +1378,7 @@ mod tests {
                 env::ORDINALS_START,
                 env::POD_NAME,
                 env::STATEFULSET_API_VERSION,
+                env::COMPLETION_RECORD,
             ];
             assert!(names.iter().all(|name| vars.contains_key(name)), "{vars:?}");
             assert_eq!(container.env.as_ref().unwrap().len(), names.len());
@@ -1344,6 +1390,67 @@ mod tests {
             assert_eq!(vars[env::ORDINAL], ordinal);
             assert_eq!(vars[env::POD_NAME], "web-4");
         }
+    }
+
+    #[test]
+    fn probes_that_kill_are_refused_only_under_the_exit_code_proof() {
+        let set = valid()
+            .drain_template(&template_with(
+                json!({}),
+                json!({
+                    "containers": [{
+                        "name": "drain",
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "livenessProbe": {"exec": {"command": ["true"]}},
+                        "startupProbe": {"exec": {"command": ["true"]}},
+                        "readinessProbe": {"exec": {"command": ["true"]}},
+                    }],
+                }),
+            ))
+            .build();
+        assert!(validate(&set, &DrainConfig::default()).is_ok());
+        let exit_code = DrainConfig {
+            proof: SuccessProof::ExitCode,
+            ..DrainConfig::default()
+        };
+        let errors = validate(&set, &exit_code).unwrap_err();
+        assert_eq!(
+            errors,
+            vec![
+                TemplateError::KillingProbe {
+                    container: "drain".into(),
+                    probe: "liveness"
+                },
+                TemplateError::KillingProbe {
+                    container: "drain".into(),
+                    probe: "startup"
+                },
+            ]
+        );
+        assert_eq!(errors[0].reason(), "ProbeUnderExitCodeProof");
+        assert!(errors[0].to_string().contains("completion-record"));
+    }
+
+    #[test]
+    fn the_completion_record_names_exactly_the_pods_claims() {
+        let pod = validate(&valid().build(), &DrainConfig::default())
+            .unwrap()
+            .pod(&DrainPodInput {
+                ordinal: 2,
+                replicas: 2,
+                claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
+            });
+        let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let record = vars
+            .iter()
+            .find(|v| v.name == env::COMPLETION_RECORD)
+            .and_then(|v| v.value.as_deref())
+            .and_then(drain_api::completion::CompletionRecord::parse)
+            .unwrap();
+        assert_eq!(
+            record.claims,
+            BTreeMap::from([("data-web-2".to_owned(), "u1".to_owned())])
+        );
     }
 
     #[test]

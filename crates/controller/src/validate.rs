@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 
-use crate::config::DrainConfig;
+use crate::config::{DrainConfig, SuccessProof};
 use crate::plan::{NewDrains, Settings};
 use crate::template::{self, DrainTemplate};
 
@@ -110,9 +110,20 @@ pub fn settings(
             .as_ref()
             .and_then(|a| a.get(drain_api::annotations::APPROVAL))
             .is_some_and(|v| v.trim() != "automatic");
+    // Likewise only `exit-code`, spelt exactly, lowers the proof a succeeded drain needs.
+    let proof = match set
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(drain_api::annotations::SUCCESS_PROOF))
+    {
+        Some(v) if v.trim() == SuccessProof::ExitCode.as_str() => SuccessProof::ExitCode,
+        _ => SuccessProof::CompletionRecord,
+    };
     Settings {
         new_drains,
         manual_approval,
+        proof,
         max_concurrent: config
             .max_concurrent
             .or(default_max_concurrent)
@@ -186,6 +197,34 @@ mod tests {
         let set = valid().build();
         let v = validate(&set).unwrap();
         assert!(!settings(&set, Ok(&v), &Flags::default(), None).manual_approval);
+    }
+
+    #[test]
+    fn only_exit_code_spelt_exactly_lowers_the_proof() {
+        for (value, proof) in [
+            ("exit-code", SuccessProof::ExitCode),
+            (" exit-code ", SuccessProof::ExitCode),
+            ("completion-record", SuccessProof::CompletionRecord),
+            ("Exit-Code", SuccessProof::CompletionRecord),
+            ("exit 0", SuccessProof::CompletionRecord),
+            ("", SuccessProof::CompletionRecord),
+        ] {
+            let set = valid()
+                .annotation(annotations::SUCCESS_PROOF, value)
+                .build();
+            let validated = validate(&set);
+            let s = match &validated {
+                Ok(v) => settings(&set, Ok(v), &Flags::default(), None),
+                Err(_) => settings(&set, Err("invalid"), &Flags::default(), None),
+            };
+            assert_eq!(s.proof, proof, "{value:?}");
+        }
+        let set = valid().build();
+        let v = validate(&set).unwrap();
+        assert_eq!(
+            settings(&set, Ok(&v), &Flags::default(), None).proof,
+            SuccessProof::CompletionRecord
+        );
     }
 
     #[test]

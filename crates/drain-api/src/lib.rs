@@ -36,6 +36,21 @@ pub mod annotations {
     /// drain is shown as awaiting approval. Any other value is invalid and, for safety, also
     /// holds deletes for approval.
     pub const APPROVAL: &str = "statefulsets.kubernetes.io/drain-approval";
+    /// What proves that a drain pod finished, and so that its claims may be deleted:
+    ///
+    /// - `completion-record` (the default): a container of the drain pod that exited 0 wrote
+    ///   the [completion record](crate::completion) naming exactly the claims the pod was bound
+    ///   to. A stopped, killed or failed program never writes it, so nothing but a finished
+    ///   drain produces this proof. A pod that exits 0 without it is a failed attempt.
+    /// - `exit-code`: every container exited 0 (any image; the 2018 proof of concept's
+    ///   contract), and the controller saw the pod `Succeeded` with no deletion requested and no
+    ///   `DisruptionTarget` condition. Liveness and startup probes on drain containers are
+    ///   refused under it (their kill of a program that exits 0 on SIGTERM would look like a
+    ///   success). Whatever the controller cannot tell is taken as not finished: the drain runs
+    ///   again.
+    ///
+    /// Any other value is invalid, and until it is fixed the completion record is required.
+    pub const SUCCESS_PROOF: &str = "statefulsets.kubernetes.io/drain-success-proof";
     /// Written by the controller on the StatefulSet: a JSON summary of every ordinal it tracks
     /// (waiting, draining, retrying, failed, done), for `kubectl get -o yaml` readers.
     pub const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
@@ -70,8 +85,13 @@ pub mod claim_annotations {
     /// Set by a person (`true`) under `drain-approval: manual`: this claim's drain succeeded and
     /// it may be deleted. Cleared with the record when the ordinal comes back in range.
     pub const APPROVED: &str = "statefulsets.kubernetes.io/drain-approved";
+    /// Under the `exit-code` proof: UID of the drain pod the controller saw `Succeeded` with no
+    /// deletion requested and no disruption. Written before anything else happens to the pod, so
+    /// a later deletion request cannot make an observed success unknown. Proof only while that
+    /// pod still holds the ordinal's name.
+    pub const SUCCEEDED_POD_UID: &str = "statefulsets.kubernetes.io/drain-succeeded-pod-uid";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
@@ -81,6 +101,7 @@ pub mod claim_annotations {
         TEMPLATE_HASH,
         RETURNED_AT,
         APPROVED,
+        SUCCEEDED_POD_UID,
     ];
 }
 
@@ -98,6 +119,7 @@ pub mod pod_annotations {
     pub const PROGRESS: &str = "statefulsets.kubernetes.io/drain-progress";
 }
 
+pub mod completion;
 pub mod progress;
 
 /// Labels the controller puts on each drain pod it creates.
@@ -127,6 +149,9 @@ pub mod env {
     /// The set's `apiVersion`: `apps/v1`, or `apps.kruise.io/v1beta1` for an OpenKruise
     /// Advanced StatefulSet.
     pub const STATEFULSET_API_VERSION: &str = "DRAIN_STATEFULSET_API_VERSION";
+    /// The exact [completion record](crate::completion) this drain pod writes to its
+    /// termination message when, and only when, its drain finished.
+    pub const COMPLETION_RECORD: &str = "DRAIN_COMPLETION_RECORD";
 }
 
 /// Exit codes of the `drainer` and of hooks run by it.

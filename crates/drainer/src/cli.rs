@@ -71,6 +71,15 @@ pub struct DrainContext {
     /// OpenKruise Advanced StatefulSet, whose `reserveOrdinals` are then not peers.
     #[arg(long, env = env::STATEFULSET_API_VERSION, global = true)]
     pub statefulset_api_version: Option<String>,
+
+    /// The completion record the controller hands this drain pod: written to the termination
+    /// log when, and only when, the drain finished (redistribute and exec modes).
+    #[arg(long, env = env::COMPLETION_RECORD, global = true, hide_env_values = true)]
+    pub completion_record: Option<String>,
+
+    /// Where the completion record is written: the container's `terminationMessagePath`.
+    #[arg(long, env = "DRAIN_TERMINATION_LOG", global = true, default_value = drain_api::completion::TERMINATION_LOG)]
+    pub termination_log: PathBuf,
 }
 
 impl DrainContext {
@@ -415,6 +424,8 @@ mod tests {
             ordinals_start: None,
             pod_name: Some("ds-2".to_owned()),
             statefulset_api_version: Some("apps.kruise.io/v1beta1".to_owned()),
+            completion_record: None,
+            termination_log: PathBuf::from(drain_api::completion::TERMINATION_LOG),
         };
         let vars = context.env_vars();
         assert!(vars.contains(&(env::ORDINAL.to_owned(), "2".to_owned())));

@@ -240,8 +240,8 @@ enum Retry {
 struct Exit {
     /// Its exit code, or `128 + N` if a signal ended it.
     code: i32,
-    /// Whether the drainer received a signal while it ran (and forwarded it if it could).
-    signalled: bool,
+    /// The last signal the drainer received while it ran (and forwarded if it could).
+    signalled: Option<Signal>,
 }
 
 /// Runs `hook` until it succeeds, fails, runs out of retries or a signal stops the drainer;
@@ -283,7 +283,14 @@ pub async fn run<P: PeerSource>(
                 tracing::info!(attempt, run = runs, command = ?hook.command, "running hook");
                 let exit = run_command(command, program, signals, running).await?;
                 tracing::info!(attempt, code = exit.code, "hook exited");
-                if exit.code != exit_codes::RETRY || exit.signalled {
+                if let Some(sig) = exit.signalled
+                    && exit.code == exit_codes::SUCCESS
+                {
+                    // Many programs exit 0 on SIGTERM: that is a stop, not a finished drain.
+                    tracing::warn!(signal = %sig, "the hook exited 0 after it was told to stop: not a finished drain");
+                    return Ok(signal_exit_code(sig));
+                }
+                if exit.code != exit_codes::RETRY || exit.signalled.is_some() {
                     return Ok(exit.code);
                 }
                 Retry::Asked
@@ -338,7 +345,7 @@ async fn run_command(
     if let Some(pid) = child.id() {
         guard.set(pid);
     }
-    let mut signalled = false;
+    let mut signalled = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status.map_err(|source| HookError::Wait {
@@ -346,7 +353,7 @@ async fn run_command(
                 source,
             })?,
             signal = signals.recv() => {
-                signalled = true;
+                signalled = Some(signal);
                 forward(&child, signal);
             }
         }

@@ -65,6 +65,15 @@ pub enum Error {
     /// Installing the signal handlers failed.
     #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The drain finished but its completion record could not be written.
+    #[error("failed to write the completion record to {path}")]
+    WriteCompletionRecord {
+        /// The termination log's path.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -77,6 +86,7 @@ impl Error {
             Self::Redistribute(e) => e.reason(),
             Self::Hook(e) => e.reason(),
             Self::Signals(_) => "Signals",
+            Self::WriteCompletionRecord { .. } => "WriteCompletionRecord",
         }
     }
 }
@@ -141,7 +151,37 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
         rounds = summary.rounds,
         "drain done"
     );
+    record_completion(drain)?;
     Ok(drain_api::exit_codes::SUCCESS)
+}
+
+/// After a finished drain, and only then: writes the completion record the controller handed
+/// this pod to the termination log, the proof that the drain finished
+/// ([`drain_api::completion`]). Without one (run outside a drain pod, or by an older
+/// controller) nothing is written, and says so.
+pub fn record_completion(drain: &DrainContext) -> Result<(), Error> {
+    let Some(record) = drain.completion_record.as_deref().filter(|r| !r.is_empty()) else {
+        tracing::warn!(
+            env = drain_api::env::COMPLETION_RECORD,
+            "no completion record to write: the controller will not take this drain as finished \
+             unless its set uses the exit-code success proof"
+        );
+        return Ok(());
+    };
+    if drain_api::completion::CompletionRecord::parse(record).is_none() {
+        tracing::warn!(
+            record,
+            "the completion record given is not one the controller reads; writing it as given"
+        );
+    }
+    std::fs::write(&drain.termination_log, record).map_err(|source| {
+        Error::WriteCompletionRecord {
+            path: drain.termination_log.clone(),
+            source,
+        }
+    })?;
+    tracing::info!(path = %drain.termination_log.display(), "completion record written");
+    Ok(())
 }
 
 /// In a drain pod (the context names the pod, its set and namespace), checks with
@@ -320,7 +360,11 @@ async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {
             );
         })
         .ok();
-    Ok(hook::run(&hook, &discovery, &mut signals, &running).await?)
+    let code = hook::run(&hook, &discovery, &mut signals, &running).await?;
+    if code == drain_api::exit_codes::SUCCESS {
+        record_completion(drain)?;
+    }
+    Ok(code)
 }
 
 /// The discovery target from the drain's context.

@@ -24,8 +24,68 @@ fn drainer(home: &Path) -> Command {
         // A temporary directory is no mount point; the tests of that check remove these.
         .env("DRAINER_DATA_DIR", home)
         .env("DRAINER_ALLOW_UNMOUNTED_DATA_DIR", "true")
+        .env("DRAIN_TERMINATION_LOG", home.join("termination-log"))
         .stdin(Stdio::null());
     command
+}
+
+const RECORD: &str = r#"{"drainCompleted":{"claims":{"data-datastore-2":"u-2"}}}"#;
+
+#[test]
+fn a_finished_drain_writes_the_completion_record_and_nothing_else_does() {
+    let home = tempfile::tempdir().unwrap();
+    let log = home.path().join("termination-log");
+    for hook in ["exit 3", "exit 75"] {
+        let (code, stderr) = run(drainer(home.path())
+            .env("DRAIN_COMPLETION_RECORD", RECORD)
+            .args([
+                "exec",
+                "--no-peers",
+                "--max-retries",
+                "0",
+                "--",
+                "sh",
+                "-c",
+                hook,
+            ]));
+        assert_ne!(code, Some(0), "{hook}: {stderr}");
+        assert!(!log.exists(), "{hook} wrote the record: {stderr}");
+    }
+    let (code, stderr) = run(drainer(home.path())
+        .env("DRAIN_COMPLETION_RECORD", RECORD)
+        .args(["exec", "--no-peers", "--", "true"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), RECORD);
+}
+
+#[test]
+fn a_hook_that_exits_0_when_told_to_stop_is_no_finished_drain() {
+    let home = tempfile::tempdir().unwrap();
+    let log = home.path().join("termination-log");
+    let ready = home.path().join("ready");
+    let mut child = drainer(home.path())
+        .env("DRAIN_COMPLETION_RECORD", RECORD)
+        .env("READY", &ready)
+        .args(["exec", "--no-peers", "--", "sh", "-c"])
+        .arg(r#"trap 'exit 0' TERM; touch "$READY"; while :; do sleep 0.05; done"#)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !ready.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the hook never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(
+        !log.exists(),
+        "a stopped hook's exit 0 wrote the completion record"
+    );
 }
 
 /// Runs `command` to completion, capturing its output (the drainer logs to stderr).

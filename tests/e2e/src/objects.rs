@@ -164,9 +164,26 @@ pub fn job_pod(name: &str, claim: &str, script: &str) -> Pod {
     .expect("valid Pod")
 }
 
+/// The last line of a drain script that finished: it writes the completion record the
+/// controller hands the drain pod to the termination message (`drain_api::completion`).
+pub const WRITE_COMPLETION_RECORD: &str =
+    r#"printf '%s' "$DRAIN_COMPLETION_RECORD" > /dev/termination-log"#;
+
 /// A drain pod template (the annotation's JSON) running `script` in busybox with every claim in
-/// `claims` mounted (the first at `/data`, the others at `/<name>`).
+/// `claims` mounted (the first at `/data`, the others at `/<name>`). When `script` ends with
+/// status 0 (not by `exit`, which a trap on SIGTERM uses to stop early), the container writes
+/// the completion record ([`WRITE_COMPLETION_RECORD`]), as every drain that finished must.
 pub fn drain_template(script: &str, claims: &[&str], extra_spec: Value) -> String {
+    drain_template_without_record(
+        &format!("{{ {script}\n}} && {WRITE_COMPLETION_RECORD}"),
+        claims,
+        extra_spec,
+    )
+}
+
+/// As [`drain_template`], but the script is run as it is: it writes no completion record unless
+/// it does so itself.
+pub fn drain_template_without_record(script: &str, claims: &[&str], extra_spec: Value) -> String {
     let mounts: Vec<Value> = claims
         .iter()
         .enumerate()

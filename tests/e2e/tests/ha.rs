@@ -170,7 +170,7 @@ async fn sigterm_drops_a_hung_reconcile_after_the_grace_and_lets_the_lease_expir
     let client = client().await;
     let ns = TestNamespace::new(&client, "ha-grace").await?;
     let hang = HangingCreates::create(&client, &ns, 15).await?;
-    start_set(&ns, &drain_set("web", "exit 0").replicas(2)).await?;
+    start_set(&ns, &drain_set("web", "true").replicas(2)).await?;
     wait_running(&ns, &pod_names("web", 0..2)).await?;
     let elect =
         |name: &str| ControllerProcess::start_replica_with(&ns.name, name, &["--stop-grace", "2s"]);

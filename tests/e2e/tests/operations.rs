@@ -52,7 +52,7 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
     let set = SetBuilder::new("web")
         .annotation(
             DRAINER_POD_TEMPLATE,
-            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
+            drain_template("true", &["data"], json!({"restartPolicy": "Never"})),
         )
         .parallel();
     start_set(&ns, &set).await?;
@@ -141,7 +141,7 @@ async fn a_role_without_get_on_statefulsets_withdraws_the_drain_pod_and_keeps_th
         .wait_can("watch", "statefulsets.apps", true)
         .await?;
     let controller = ControllerProcess::start_with_kubeconfig(&ns.name, &identity.kubeconfig, &[]);
-    let uid = web_of_three(&ns, "exit 0").await?;
+    let uid = web_of_three(&ns, "true").await?;
 
     scale(&ns, "web", 2).await?;
     let warnings = wait_set_event(&ns, "web", "ReadFailed").await?;
@@ -273,7 +273,7 @@ async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
         identity.wait_can("list", denied, false).await?;
         let set = SetBuilder::new("web").annotation(
             DRAINER_POD_TEMPLATE,
-            drain_template("exit 0", &["data"], json!({"restartPolicy": "Never"})),
+            drain_template("true", &["data"], json!({"restartPolicy": "Never"})),
         );
         start_set(&ns, &set).await?;
         let mut controller =

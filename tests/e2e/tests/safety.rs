@@ -83,8 +83,8 @@ async fn a_drain_pod_that_exits_0_when_deleted_is_not_a_success() -> Result<()> 
     let _controller = ControllerProcess::start(&ns.name, &[]);
     // The first attempt leaves a marker and exits 0 when terminated; the next one finds the
     // marker and succeeds at once.
-    let script = "if [ -f /data/attempted ]; then exit 0; fi; touch /data/attempted; \
-                  trap 'exit 0' TERM; sleep 3600 & wait";
+    let script = "if [ ! -f /data/attempted ]; then touch /data/attempted; \
+                  trap 'exit 0' TERM; sleep 3600 & wait; fi";
     start_set(&ns, &drain_set("web", script)).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
     let claim = claim_uid(&ns, "data-web-2").await?;
@@ -551,7 +551,7 @@ async fn a_denied_claim_delete_does_not_stop_other_ordinals() -> Result<()> {
     // Created first (dropped after the namespace's other guards, before the namespace).
     let denial = ClaimDeleteDenial::create(&client, &ns, "data-web-2").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
-    start_set(&ns, &drain_set("web", "exit 0").parallel()).await?;
+    start_set(&ns, &drain_set("web", "true").parallel()).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
     denial.wait_enforced(&ns, "data-web-2").await?;
 
@@ -592,7 +592,7 @@ async fn readiness_flips_of_stateful_pods_do_not_trigger_reconciles() -> Result<
         &[],
         "info,statefulset_drain_controller=debug,kube=warn",
     );
-    start_set(&ns, &drain_set("web", "exit 0").replicas(2)).await?;
+    start_set(&ns, &drain_set("web", "true").replicas(2)).await?;
     wait_running(&ns, &pod_names("web", 0..2)).await?;
     // Reconciles are logged, and have settled.
     let reconciles = || count_log_lines(&controller.log, "reconciled");

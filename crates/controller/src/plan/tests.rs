@@ -64,6 +64,15 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             created_at: Some(t(-100)),
             delete_requested_at: None,
             finished_at: finished.then(|| t(-1)),
+            // A drain that succeeded wrote its completion record (see `without_record`).
+            completion: (phase == DrainPhase::Succeeded).then(|| {
+                claims
+                    .iter()
+                    .map(|c| (c.name.clone(), c.uid.clone()))
+                    .collect()
+            }),
+            disrupted: false,
+            kill_probes: false,
             started: phase != DrainPhase::Pending,
             running: phase == DrainPhase::Running,
             restarts: 0,
@@ -79,6 +88,12 @@ fn drain_of(pod: &mut PodObs) -> &mut DrainPod {
         PodKind::Drain(d) => d,
         _ => panic!("not a drain pod"),
     }
+}
+
+/// The pod, without a completion record (a program that was stopped, or that never writes it).
+fn without_record(mut pod: PodObs) -> PodObs {
+    drain_of(&mut pod).completion = None;
+    pod
 }
 
 /// The pod, with a deletion requested at `asked`.
@@ -797,6 +812,7 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
                 template_hash: Some(if stale { "h0" } else { HASH }.to_owned()),
                 returned_at: returned.map(t),
                 approved: false,
+                succeeded_pod_uid: None,
             },
         )
 }
@@ -819,6 +835,12 @@ enum PodChoice {
         restarts: u32,
         blocker: Option<bool>,
         stale_template: bool,
+        /// 0: no completion record, 1: one naming its claims, 2: one naming others.
+        completion: u8,
+        disrupted: bool,
+        kill_probes: bool,
+        /// Its success is recorded on the ordinal's claims (`exit-code`).
+        seen: bool,
     },
     Foreign,
 }
@@ -833,6 +855,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
         (any::<bool>(), 0u32..5),
         prop::option::of(any::<bool>()),
         any::<bool>(),
+        (0u8..3, any::<bool>(), any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -844,6 +867,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
                 (running, restarts),
                 blocker,
                 stale_template,
+                (completion, disrupted, kill_probes, seen),
             )| {
                 PodChoice::Drain {
                     phase,
@@ -855,6 +879,10 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
                     restarts,
                     blocker,
                     stale_template,
+                    completion,
+                    disrupted,
+                    kill_probes,
+                    seen,
                 }
             },
         )
@@ -889,6 +917,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
         prop::option::of(1u32..4),
         any::<bool>(),
         (prop::collection::btree_set(0i32..7, 0..3), any::<bool>()),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -900,6 +929,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                 max_attempts,
                 manual_approval,
                 (reserved, fallback),
+                exit_code,
             )| {
                 let mut claims = Vec::new();
                 let mut pods = Vec::new();
@@ -933,6 +963,10 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             restarts,
                             blocker,
                             stale_template,
+                            completion,
+                            disrupted,
+                            kill_probes,
+                            seen,
                         } => {
                             let mut drained: Vec<Claim> = mine.clone();
                             if !same_uids {
@@ -965,6 +999,21 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             if stale_template {
                                 d.template_hash = Some("h0".to_owned());
                             }
+                            d.completion = match completion {
+                                0 => None,
+                                1 => Some(d.claims.clone()),
+                                _ => Some(BTreeMap::from([(
+                                    "data-web-9".to_owned(),
+                                    "u".to_owned(),
+                                )])),
+                            };
+                            d.disrupted = disrupted;
+                            d.kill_probes = kill_probes;
+                            if seen {
+                                for c in &mut mine {
+                                    c.record.succeeded_pod_uid = Some(p.uid.clone());
+                                }
+                            }
                             pods.push(p);
                         }
                         PodChoice::Foreign => {
@@ -984,6 +1033,11 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                     },
                     max_attempts,
                     manual_approval,
+                    proof: if exit_code {
+                        SuccessProof::ExitCode
+                    } else {
+                        SuccessProof::CompletionRecord
+                    },
                     ..settings()
                 };
                 let mut s = snap(replicas, claims, pods);
@@ -1028,16 +1082,25 @@ proptest! {
     #[test]
     fn no_claim_is_deleted_unless_its_drain_pod_succeeded((s, settings) in arb_snapshot(), now in -100i64..100) {
         let plan = plan(&s, &settings, t(now));
-        for action in &plan.actions {
+        for (i, action) in plan.actions.iter().enumerate() {
             if let Action::DeleteClaims { ordinal, claims } = action {
                 let pod = s.pods.iter().find(|p| p.ordinal == *ordinal).expect("a pod for the ordinal");
-                let PodKind::Drain(DrainPod { phase, claims: drained, delete_requested_at, finished_at, .. }) = &pod.kind else {
+                let PodKind::Drain(d) = &pod.kind else {
                     panic!("claims deleted without a drain pod: {action:?}");
                 };
-                prop_assert_eq!(*phase, DrainPhase::Succeeded);
-                // Never for a pod asked to stop before (or when) it finished.
-                if let Some(asked) = delete_requested_at {
-                    prop_assert!(finished_at.is_some_and(|f| f < *asked), "claims of an interrupted drain deleted");
+                let drained = &d.claims;
+                prop_assert_eq!(d.phase, DrainPhase::Succeeded);
+                match settings.proof {
+                    // Only the record of exactly its claims proves it; no time counts.
+                    SuccessProof::CompletionRecord => {
+                        prop_assert!(!drained.is_empty() && d.completion.as_ref() == Some(drained), "claims deleted without the completion record");
+                    }
+                    // Seen succeeding with no stop requested, and recorded before anything else.
+                    SuccessProof::ExitCode => {
+                        let seen_before = s.claims.iter().any(|c| c.ordinal == *ordinal && !c.terminating && c.record.succeeded_pod_uid.as_deref() == Some(pod.uid.as_str()));
+                        let recorded_first = plan.actions[..i].iter().any(|a| matches!(a, Action::RecordSuccess { ordinal: o, pod_uid, .. } if o == ordinal && *pod_uid == pod.uid));
+                        prop_assert!(seen_before || (recorded_first && !pod.terminating && !d.disrupted && !d.kill_probes), "claims deleted on an exit code not seen before a stop request");
+                    }
                 }
                 for c in claims {
                     prop_assert_eq!(drained.get(&c.name), Some(&c.uid), "claim not drained by that pod");
@@ -1120,7 +1183,7 @@ proptest! {
             if let Action::DeleteDrainPod { uid, resource_version, why, .. } = action {
                 let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
                 let PodKind::Drain(d) = &pod.kind else { panic!("not a drain pod") };
-                let finished = d.proven_success() || d.phase == DrainPhase::Failed;
+                let finished = matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed);
                 prop_assert!(finished || resource_version.as_deref() == Some(d.resource_version.as_str()), "{:?} of an unfinished pod without a precondition", why);
             }
         }
@@ -1192,53 +1255,219 @@ fn a_deadline_failure_is_not_counted_twice() {
 
 // ---- interrupted, stuck, overtaken drains -------------------------------------------------
 
+fn failure(c: &Claim, kind: FailureKind, reason: &str) -> Action {
+    Action::RecordFailure {
+        ordinal: 2,
+        claims: refs(&[c]),
+        pod_uid: "drain-pod-2".to_owned(),
+        kind,
+        attempts: 1,
+        retry_after: t(10),
+        reason: format!("{reason}; the claims are kept and the drain runs again"),
+        gave_up: false,
+        only_if_pod_gone: false,
+        series: None,
+    }
+}
+
+const NO_RECORD: &str = "it exited 0 without writing the completion record \
+    (DRAIN_COMPLETION_RECORD to its termination message), so nothing shows its drain finished";
+
 #[test]
-fn a_drain_pod_that_exits_0_after_a_delete_request_is_not_a_success() {
+fn a_drain_pod_that_exits_0_without_the_completion_record_is_a_failed_attempt_and_goes() {
     let c = with_record(claim("data", 2), running_record(2));
-    // Asked to stop at t(-5), the container finished at t(-1): interrupted.
-    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    // As after a liveness probe's kill of a program that exits 0 on SIGTERM: no deletion
+    // was requested, every container exited 0, no record.
+    let pod = without_record(drain_pod(2, DrainPhase::Succeeded, &[&c]));
     let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
     assert_eq!(
         plan.actions,
-        vec![Action::RecordFailure {
-            ordinal: 2,
-            claims: refs(&[&c]),
-            pod_uid: "drain-pod-2".to_owned(),
-            kind: FailureKind::Interrupted,
-            attempts: 1,
-            retry_after: t(10),
-            reason: format!(
-                "drain pod was asked to stop at {} and exited 0 without proof it had finished; the \
-                 claims are kept and the drain runs again",
-                t(-5)
-            ),
-            gave_up: false,
-            only_if_pod_gone: false,
-            series: None,
-        }]
+        vec![
+            failure(&c, FailureKind::Unproven, NO_RECORD),
+            delete_pod(2, DeleteWhy::Failed),
+        ]
     );
     assert!(matches!(plan.status[&2], OrdinalState::Retrying { .. }));
 }
 
-#[rstest]
-#[case::finished_before_the_request(Some(-3), -2, true)]
-#[case::finished_in_the_same_second(Some(-2), -2, false)]
-#[case::finished_after_the_request(Some(-1), -2, false)]
-#[case::no_finish_time(None, -2, false)]
-fn success_is_proven_only_by_a_finish_strictly_before_the_delete_request(
-    #[case] finished: Option<i64>,
-    #[case] asked: i64,
-    #[case] proven: bool,
-) {
+#[test]
+fn a_drain_pod_asked_to_stop_that_exits_0_without_the_record_is_not_a_success() {
     let c = with_record(claim("data", 2), running_record(2));
-    let mut pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(asked));
-    drain_of(&mut pod).finished_at = finished.map(t);
-    let plan = plan(&snap(2, vec![c], vec![pod]), &settings(), t(0));
-    let deletes_claims = plan
-        .actions
-        .iter()
-        .any(|a| matches!(a, Action::DeleteClaims { .. }));
-    assert_eq!(deletes_claims, proven, "{:?}", plan.actions);
+    let pod = without_record(asked_to_stop(
+        drain_pod(2, DrainPhase::Succeeded, &[&c]),
+        t(-5),
+    ));
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+    // Being deleted, it goes by itself.
+    assert_eq!(
+        plan.actions,
+        vec![failure(
+            &c,
+            FailureKind::Interrupted,
+            &format!(
+                "it was asked to stop at {} and exited 0 without writing the completion record",
+                t(-5)
+            )
+        )]
+    );
+}
+
+#[test]
+fn a_completion_record_that_names_other_claims_proves_nothing() {
+    let c = with_record(claim("data", 2), running_record(2));
+    for named in [
+        BTreeMap::from([("data-web-2".to_owned(), "uid-of-an-older-claim".to_owned())]),
+        BTreeMap::from([("data-web-1".to_owned(), "uid-data-1".to_owned())]),
+        BTreeMap::new(),
+    ] {
+        let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&c]);
+        drain_of(&mut pod).completion = Some(named.clone());
+        let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
+        assert!(
+            !plan
+                .actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteClaims { .. })),
+            "{named:?}: {:?}",
+            plan.actions
+        );
+        let Action::RecordFailure { kind, reason, .. } = &plan.actions[0] else {
+            panic!("{:?}", plan.actions)
+        };
+        assert_eq!(*kind, FailureKind::Unproven);
+        assert!(
+            reason.contains("not the claims it was bound to (data-web-2 (uid-data-2))"),
+            "{reason}"
+        );
+    }
+}
+
+#[rstest]
+#[case::finished_before_the_request(Some(-3), -2)]
+#[case::finished_after_the_request(Some(-1), -2)]
+#[case::no_finish_time(None, -2)]
+fn under_the_completion_record_no_clock_decides(#[case] finished: Option<i64>, #[case] asked: i64) {
+    for recorded in [true, false] {
+        let c = with_record(claim("data", 2), running_record(2));
+        let mut pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(asked));
+        drain_of(&mut pod).finished_at = finished.map(t);
+        if !recorded {
+            pod = without_record(pod);
+        }
+        let plan = plan(&snap(2, vec![c], vec![pod]), &settings(), t(0));
+        let deletes_claims = plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteClaims { .. }));
+        assert_eq!(deletes_claims, recorded, "{:?}", plan.actions);
+    }
+}
+
+fn exit_code() -> Settings {
+    Settings {
+        proof: SuccessProof::ExitCode,
+        ..settings()
+    }
+}
+
+#[rstest]
+// Seen succeeding with no stop requested: recorded first, then the claims go.
+#[case::seen_succeeding(false, false, false, false, "proven, record first")]
+// Seen before (recorded on a claim): a later deletion request changes nothing.
+#[case::recorded_then_asked(true, false, false, true, "proven")]
+#[case::recorded_then_disrupted(false, true, false, true, "proven")]
+// Not seen before a stop request: not known, so drained again.
+#[case::asked_to_stop(true, false, false, false, "interrupted")]
+#[case::disrupted(false, true, false, false, "interrupted")]
+#[case::probed(false, false, true, false, "unproven")]
+fn under_exit_code_success_is_seen_by_the_controller_before_any_stop_request(
+    #[case] terminating: bool,
+    #[case] disrupted: bool,
+    #[case] kill_probes: bool,
+    #[case] recorded: bool,
+    #[case] expected: &str,
+) {
+    let mut record = running_record(2);
+    if recorded {
+        record.succeeded_pod_uid = Some("drain-pod-2".to_owned());
+    }
+    let c = with_record(claim("data", 2), record);
+    // The exit-code proof never looks at a record, nor at any clock.
+    let mut pod = without_record(drain_pod(2, DrainPhase::Succeeded, &[&c]));
+    if terminating {
+        pod = asked_to_stop(pod, t(-5));
+        drain_of(&mut pod).finished_at = Some(t(-10));
+    }
+    drain_of(&mut pod).disrupted = disrupted;
+    drain_of(&mut pod).kill_probes = kill_probes;
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &exit_code(), t(0));
+    let record_success = Action::RecordSuccess {
+        ordinal: 2,
+        claims: refs(&[&c]),
+        pod_uid: "drain-pod-2".to_owned(),
+    };
+    let delete_claims = Action::DeleteClaims {
+        ordinal: 2,
+        claims: refs(&[&c]),
+    };
+    match expected {
+        "proven, record first" => assert_eq!(
+            plan.actions,
+            vec![
+                record_success,
+                delete_claims,
+                delete_pod(2, DeleteWhy::Succeeded)
+            ]
+        ),
+        "proven" => {
+            assert_eq!(plan.actions[0], delete_claims);
+            assert!(!plan.actions.contains(&record_success));
+        }
+        kind => {
+            let Action::RecordFailure { kind: got, .. } = &plan.actions[0] else {
+                panic!("{:?}", plan.actions)
+            };
+            let want = if kind == "interrupted" {
+                FailureKind::Interrupted
+            } else {
+                FailureKind::Unproven
+            };
+            assert_eq!(*got, want);
+            assert!(
+                !plan.actions.iter().any(|a| matches!(
+                    a,
+                    Action::DeleteClaims { .. } | Action::RecordSuccess { .. }
+                )),
+                "{:?}",
+                plan.actions
+            );
+        }
+    }
+}
+
+#[test]
+fn under_exit_code_a_success_awaiting_approval_is_recorded_before_it_waits() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pod = without_record(drain_pod(2, DrainPhase::Succeeded, &[&c]));
+    let settings = Settings {
+        manual_approval: true,
+        ..exit_code()
+    };
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings, t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            Action::RecordSuccess {
+                ordinal: 2,
+                claims: refs(&[&c]),
+                pod_uid: "drain-pod-2".to_owned(),
+            },
+            Action::AwaitApproval {
+                ordinal: 2,
+                claims: refs(&[&c])
+            }
+        ]
+    );
 }
 
 #[test]
@@ -1251,7 +1480,10 @@ fn an_interrupted_drain_is_counted_once_and_retried_after_it_is_gone() {
         ..running_record(2)
     };
     let c = with_record(claim("data", 2), record);
-    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    let pod = without_record(asked_to_stop(
+        drain_pod(2, DrainPhase::Succeeded, &[&c]),
+        t(-5),
+    ));
     let plan1 = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(1));
     assert!(plan1.actions.is_empty(), "{:?}", plan1.actions);
     // Gone, backoff over: attempt 2.
@@ -1262,7 +1494,10 @@ fn an_interrupted_drain_is_counted_once_and_retried_after_it_is_gone() {
 #[test]
 fn a_cancelled_drain_that_exits_0_keeps_the_claims_for_the_returning_ordinal() {
     let c = with_record(claim("data", 2), running_record(2));
-    let pod = asked_to_stop(drain_pod(2, DrainPhase::Succeeded, &[&c]), t(-5));
+    let pod = without_record(asked_to_stop(
+        drain_pod(2, DrainPhase::Succeeded, &[&c]),
+        t(-5),
+    ));
     let plan = plan(&snap(3, vec![c.clone()], vec![pod]), &settings(), t(0));
     assert_eq!(
         plan.actions,
