@@ -7,10 +7,15 @@
 //! guaranteed since Kubernetes 1.35). When a watch has to list again (after `410 Gone`, e.g.
 //! across an API server restart) the history says so ([`Change::Relisted`]): objects missing
 //! from the new list are recorded as [`Change::GoneInGap`].
+//!
+//! Every entry also carries the instant this process received it ([`Entry::at`]), on the same
+//! clock ([`Instant`]) the witness of the drains' completion reports uses
+//! ([`crate::witness::Report::at`]), so that a report can be ordered against the first sight of
+//! a claim's deletion.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -86,11 +91,14 @@ pub enum Change {
     },
 }
 
-/// One entry: a change and the revision it happened at.
+/// One entry: a change, the revision it happened at and when this process received it.
 #[derive(Clone, Debug)]
 pub struct Entry {
     /// The etcd revision (`resourceVersion`).
     pub rv: u64,
+    /// When the checker's watch delivered it (for a [`Change::GoneInGap`], when the relist
+    /// that no longer had the object finished): always after the change itself happened.
+    pub at: Instant,
     /// What changed.
     pub change: Change,
 }
@@ -104,15 +112,15 @@ pub struct History {
 
 #[derive(Default)]
 struct Log {
-    /// Entries in arrival order, with an arrival sequence number.
-    entries: Vec<(u64, u64, Change)>,
+    /// Entries in arrival order: revision, arrival sequence number, arrival instant, change.
+    entries: Vec<(u64, u64, Instant, Change)>,
     seq: u64,
 }
 
 impl Log {
     fn push(&mut self, rv: u64, change: Change) {
         self.seq += 1;
-        self.entries.push((rv, self.seq, change));
+        self.entries.push((rv, self.seq, Instant::now(), change));
     }
 }
 
@@ -184,12 +192,12 @@ impl Recorder {
     /// The history so far, in revision order.
     pub fn history(&self) -> History {
         let log = self.log.lock().expect("log");
-        let mut entries: Vec<(u64, u64, Change)> = log.entries.clone();
-        entries.sort_by_key(|(rv, seq, _)| (*rv, *seq));
+        let mut entries = log.entries.clone();
+        entries.sort_by_key(|(rv, seq, _, _)| (*rv, *seq));
         History {
             entries: entries
                 .into_iter()
-                .map(|(rv, _, change)| Entry { rv, change })
+                .map(|(rv, _, at, change)| Entry { rv, at, change })
                 .collect(),
         }
     }

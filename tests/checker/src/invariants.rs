@@ -1,13 +1,21 @@
 //! The invariants, checked by replaying a [`History`] in revision order: I1 and I2 over the
 //! whole history ([`check`]), I3 on the state it ends in ([`unsettled`]).
+//!
+//! I1 is judged from the drains' own word ([`Witness`]), never from exit codes or clocks: a
+//! claim may be deleted only once a drain told its completion naming that claim's name and
+//! UID. The drain pods that exited 0 without having told it are counted
+//! ([`Verdict::exits_unwitnessed`]): each is a claim a controller trusting exit 0 would have
+//! deleted undrained.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::time::Instant;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use crate::history::{Change, History, Obj};
+use crate::witness::{Witness, completion_record};
 use crate::{APPROVED_ANNOTATION, DRAIN_POD_LABEL, RECORD_PREFIX, TEMPLATE_ANNOTATION};
 
 /// What the checker found in a history.
@@ -17,12 +25,19 @@ pub struct Verdict {
     pub violations: Vec<String>,
     /// Entries replayed.
     pub entries: usize,
+    /// What I1 took the drains' word from ([`Witness::describe`]).
+    pub witness: &'static str,
     /// Claims whose deletion was checked (I1).
     pub claims_deleted: usize,
-    /// Drain pods seen succeeding without having been asked to stop.
-    pub drains_proven: usize,
-    /// Drain pods seen finishing otherwise (failed, or exited 0 after a delete request).
-    pub drains_not_proven: usize,
+    /// Completions the drains told: reports received, or drain pods whose termination message
+    /// was a completion record.
+    pub completions_witnessed: usize,
+    /// Drain pods seen ending (`Succeeded` or `Failed`).
+    pub drain_pods_ended: usize,
+    /// Drain pods seen `Succeeded` with every container exited 0 but no completion told while
+    /// they ran (stopped by a SIGTERM they answered with `exit 0`, a probe's kill, an eviction):
+    /// what a rule trusting exit 0 would have taken for a finished drain.
+    pub exits_unwitnessed: usize,
     /// Stateful pods whose creation was checked (I2).
     pub stateful_pods_created: usize,
     /// Stateful pods first seen in a relist, whose creation instant is unknown (not checked).
@@ -42,14 +57,17 @@ impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} ({} entries, {} relists; I1: {} claim deletions checked, {} drains proven, {} \
-             not proven; I2: {} stateful pod creations checked, {} unchecked)",
+            "{} ({} entries, {} relists; I1 from {}: {} claim deletions checked, {} completions \
+             witnessed, {} drain pods ended, {} of them exited 0 without a witnessed completion; \
+             I2: {} stateful pod creations checked, {} unchecked)",
             if self.ok() { "I1, I2 hold" } else { "VIOLATED" },
             self.entries,
             self.gaps,
+            self.witness,
             self.claims_deleted,
-            self.drains_proven,
-            self.drains_not_proven,
+            self.completions_witnessed,
+            self.drain_pods_ended,
+            self.exits_unwitnessed,
             self.stateful_pods_created,
             self.unchecked_creations,
         )?;
@@ -60,25 +78,31 @@ impl fmt::Display for Verdict {
     }
 }
 
-/// A drain pod seen succeeding without having been asked to stop.
-struct Proof {
-    pod: String,
-    /// Revision of its creation, when seen.
-    created: Option<u64>,
+/// A drain pod as the replay saw it, for the count of exits without a witnessed completion.
+struct DrainPod {
+    name: String,
     claims: BTreeSet<String>,
+    /// When it was first seen.
+    first_seen: Instant,
+    /// When it was first seen `Succeeded` or `Failed`, and whether every container exited 0.
+    ended: Option<(Instant, bool)>,
+    /// Whether a container's termination message was a completion record.
+    recorded: bool,
 }
 
-/// The objects alive at a point of the replay.
-#[derive(Default)]
-struct World {
+/// The objects alive at a point of the replay, and what I1 needs to remember.
+struct World<'w> {
+    witness: &'w Witness,
+    /// The first history entry's instant, for readable times in messages.
+    start: Instant,
+    /// When each claim (by UID) was first seen being deleted or gone.
+    first_deleting: BTreeMap<String, Instant>,
     pods: BTreeMap<String, Pod>,
     claims: BTreeMap<String, PersistentVolumeClaim>,
     sets: BTreeMap<String, StatefulSet>,
-    pod_created: BTreeMap<String, u64>,
-    claim_created: BTreeMap<String, u64>,
-    proofs: Vec<Proof>,
-    proven: BTreeSet<String>,
-    not_proven: BTreeMap<String, String>,
+    drains: BTreeMap<String, DrainPod>,
+    /// Completion records seen in termination messages so far: (claim name, claim UID).
+    records_seen: BTreeSet<(String, String)>,
     deletion_checked: BTreeSet<String>,
 }
 
@@ -91,6 +115,16 @@ fn stateful(pod: &Pod) -> bool {
         .any(|o| o.kind == "StatefulSet" && o.controller == Some(true))
 }
 
+/// Whether a pod is a drain pod (it carries the drain pod label).
+fn drain_pod(pod: &Pod) -> bool {
+    !stateful(pod)
+        && pod
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(DRAIN_POD_LABEL))
+}
+
 /// The claims a pod mounts, by name.
 fn mounts(pod: &Pod) -> BTreeSet<String> {
     pod.spec
@@ -100,62 +134,45 @@ fn mounts(pod: &Pod) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether this state of a pod proves a successful drain: `Ok`, or why not.
-pub fn proves_success(pod: &Pod) -> Result<(), String> {
-    if stateful(pod) {
-        return Err("a stateful pod".into());
-    }
-    let status = pod.status.as_ref().ok_or("no status")?;
-    if status.phase.as_deref() != Some("Succeeded") {
-        return Err(format!("phase {:?}", status.phase));
-    }
-    let containers = status.container_statuses.as_deref().unwrap_or_default();
-    if containers.is_empty() {
-        return Err("no container statuses".into());
-    }
-    let mut finished = Vec::new();
-    for c in containers {
-        let t = c
-            .state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .ok_or_else(|| format!("container {} not terminated", c.name))?;
-        if t.exit_code != 0 {
-            return Err(format!("container {} exited {}", c.name, t.exit_code));
-        }
-        let at = t
-            .finished_at
-            .as_ref()
-            .ok_or_else(|| format!("container {} has no finish time", c.name))?;
-        finished.push(at.0.as_second());
-    }
-    if let Some(deleted) = &pod.metadata.deletion_timestamp {
-        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
-        if grace <= 0 {
-            return Err("deleted with a zero grace period: no request time".into());
-        }
-        let asked = deleted.0.as_second() - grace;
-        if let Some(last) = finished.iter().copied().filter(|&f| f >= asked).max() {
-            return Err(format!(
-                "a container finished at {last}, not before the delete request at {asked}"
-            ));
-        }
-    }
-    Ok(())
+/// The completion records in a pod's containers' termination messages (current or last
+/// state): every (claim name, claim UID) they name.
+fn recorded_claims(pod: &Pod) -> BTreeSet<(String, String)> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .flat_map(|c| [c.state.as_ref(), c.last_state.as_ref()])
+        .flatten()
+        .filter_map(|s| s.terminated.as_ref()?.message.as_deref())
+        .filter_map(completion_record)
+        .flatten()
+        .collect()
 }
 
-impl World {
-    fn upsert(&mut self, obj: &Obj, rv: u64, exact: bool, v: &mut Verdict) {
+/// Whether a pod ended `Succeeded` with every container terminated with exit code 0: what a
+/// rule trusting exit 0 takes for a finished drain.
+fn exited_0(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    status.phase.as_deref() == Some("Succeeded")
+        && !containers.is_empty()
+        && containers.iter().all(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0)
+        })
+}
+
+impl World<'_> {
+    fn upsert(&mut self, obj: &Obj, rv: u64, at: Instant, exact: bool, v: &mut Verdict) {
         match obj {
-            Obj::Pod(pod) => self.upsert_pod(pod, rv, exact, v),
+            Obj::Pod(pod) => self.upsert_pod(pod, rv, at, exact, v),
             Obj::Claim(claim) => {
-                let uid = obj.uid();
-                if !self.claims.contains_key(&uid) && exact {
-                    self.claim_created.insert(uid.clone(), rv);
-                }
-                self.claims.insert(uid.clone(), (**claim).clone());
+                self.claims.insert(obj.uid(), (**claim).clone());
                 if claim.metadata.deletion_timestamp.is_some() {
-                    self.claim_deleted(claim, rv, false, v);
+                    self.claim_deleted(claim, rv, at, false, v);
                 }
             }
             Obj::Set(set) => {
@@ -164,12 +181,11 @@ impl World {
         }
     }
 
-    fn upsert_pod(&mut self, pod: &Pod, rv: u64, exact: bool, v: &mut Verdict) {
+    fn upsert_pod(&mut self, pod: &Pod, rv: u64, at: Instant, exact: bool, v: &mut Verdict) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         if !self.pods.contains_key(&uid) {
             if exact {
-                self.pod_created.insert(uid.clone(), rv);
                 if let Some(other) = self
                     .pods
                     .values()
@@ -202,37 +218,33 @@ impl World {
             }
         }
         self.pods.insert(uid.clone(), pod.clone());
-        if self.proven.contains(&uid) {
+        if !drain_pod(pod) {
             return;
         }
-        match proves_success(pod) {
-            Ok(()) => {
-                self.proven.insert(uid.clone());
-                self.not_proven.remove(&uid);
-                v.drains_proven += 1;
-                self.proofs.push(Proof {
-                    pod: format!("{name} ({uid})"),
-                    created: self.pod_created.get(&uid).copied(),
-                    claims: mounts(pod),
-                });
-            }
-            Err(why) => {
-                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-                if !stateful(pod) && matches!(phase, Some("Succeeded" | "Failed")) {
-                    self.not_proven.insert(uid, format!("{name}: {why}"));
-                }
-            }
+        let records = recorded_claims(pod);
+        let drain = self.drains.entry(uid).or_insert_with(|| DrainPod {
+            name,
+            claims: mounts(pod),
+            first_seen: at,
+            ended: None,
+            recorded: false,
+        });
+        drain.recorded |= !records.is_empty();
+        self.records_seen.extend(records);
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if drain.ended.is_none() && matches!(phase, Some("Succeeded" | "Failed")) {
+            drain.ended = Some((at, exited_0(pod)));
         }
     }
 
-    fn delete(&mut self, obj: &Obj, rv: u64, in_gap: bool, v: &mut Verdict) {
+    fn delete(&mut self, obj: &Obj, rv: u64, at: Instant, in_gap: bool, v: &mut Verdict) {
         let uid = obj.uid();
         match obj {
             Obj::Pod(_) => {
                 self.pods.remove(&uid);
             }
             Obj::Claim(claim) => {
-                self.claim_deleted(claim, rv, in_gap, v);
+                self.claim_deleted(claim, rv, at, in_gap, v);
                 self.claims.remove(&uid);
             }
             Obj::Set(_) => {
@@ -241,11 +253,21 @@ impl World {
         }
     }
 
-    /// I1, once per claim: its deletion (first seen at `rv`) needs a proof from before.
+    /// Seconds since the history started, for messages.
+    fn since_start(&self, at: Instant) -> String {
+        match at.checked_duration_since(self.start) {
+            Some(d) => format!("+{:.3}s", d.as_secs_f64()),
+            None => format!("-{:.3}s", self.start.duration_since(at).as_secs_f64()),
+        }
+    }
+
+    /// I1, once per claim: its deletion, met at `rv` (received at `at`), needs the drains' word
+    /// from before it was first seen.
     fn claim_deleted(
         &mut self,
         claim: &PersistentVolumeClaim,
         rv: u64,
+        at: Instant,
         in_gap: bool,
         v: &mut Verdict,
     ) {
@@ -255,76 +277,150 @@ impl World {
         }
         v.claims_deleted += 1;
         let name = claim.metadata.name.clone().unwrap_or_default();
-        let created = self.claim_created.get(&uid).copied();
-        let proven = self.proofs.iter().any(|p| {
-            p.claims.contains(&name)
-                && match (created, p.created) {
-                    (Some(c), Some(pc)) => pc > c,
-                    _ => true,
+        let when = if in_gap {
+            "in a watch gap".to_owned()
+        } else {
+            format!("at revision {rv}")
+        };
+        let evidence = match self.witness {
+            Witness::Reports(reports) => {
+                let seen = self.first_deleting.get(&uid).map_or(at, |&f| f.min(at));
+                if reports.iter().any(|r| r.names(&name, &uid) && r.at < seen) {
+                    return;
                 }
-        });
-        if proven {
-            return;
-        }
-        let tried: Vec<&String> = self
-            .not_proven
-            .values()
-            .filter(|w| w.starts_with(&format!("{}:", name_suffix_pod(&name))))
-            .collect();
-        let older: Vec<&String> = self
-            .proofs
+                let naming: Vec<String> = reports
+                    .iter()
+                    .filter_map(|r| {
+                        let u = r.claims.get(&name)?;
+                        Some(format!("{u} at {}", self.since_start(r.at)))
+                    })
+                    .collect();
+                format!(
+                    "(first seen {}) with no completion report naming it before (reports naming \
+                     {name}: {naming:?})",
+                    self.since_start(seen)
+                )
+            }
+            Witness::TerminationMessages => {
+                if self.records_seen.contains(&(name.clone(), uid.clone())) {
+                    return;
+                }
+                let naming: Vec<&String> = self
+                    .records_seen
+                    .iter()
+                    .filter(|(n, _)| *n == name)
+                    .map(|(_, u)| u)
+                    .collect();
+                format!(
+                    "with no drain pod's completion record naming it seen before (records \
+                     naming {name} for other UIDs: {naming:?})"
+                )
+            }
+        };
+        let exits: Vec<String> = self
+            .drains
             .iter()
-            .filter(|p| p.claims.contains(&name))
-            .map(|p| &p.pod)
+            .filter(|(_, d)| d.claims.contains(&name) && d.ended.is_some_and(|(_, ok)| ok))
+            .map(|(pod_uid, d)| format!("{} ({pod_uid})", d.name))
             .collect();
         v.violations.push(format!(
-            "I1: claim {name} ({uid}) deleted {} with no drain pod that mounted it and succeeded \
-             without being asked to stop (drain pods that finished otherwise: {tried:?}; proofs \
-             older than this claim: {older:?})",
-            if in_gap {
-                "in a watch gap".to_owned()
-            } else {
-                format!("at revision {rv}")
-            }
+            "I1: claim {name} ({uid}) deleted {when} {evidence}; drain pods that mounted it and \
+             exited 0: {exits:?}"
         ));
+    }
+
+    /// Whether a drain pod told its completion while it ran.
+    fn witnessed(&self, drain: &DrainPod) -> bool {
+        match self.witness {
+            Witness::Reports(reports) => {
+                let Some((ended, _)) = drain.ended else {
+                    return false;
+                };
+                reports.iter().any(|r| {
+                    r.at >= drain.first_seen
+                        && r.at <= ended
+                        && r.claims.keys().any(|c| drain.claims.contains(c))
+                })
+            }
+            Witness::TerminationMessages => drain.recorded,
+        }
     }
 }
 
-/// The pod name a claim `<template>-<pod>` belongs to is not known without its set; for the
-/// evidence in messages, anything after the first `-`.
-fn name_suffix_pod(claim: &str) -> &str {
-    claim.split_once('-').map_or(claim, |(_, pod)| pod)
+/// When each claim (by UID) was first seen being deleted (a deletion timestamp, its deletion,
+/// or gone in a watch gap).
+fn first_deleting(history: &History) -> BTreeMap<String, Instant> {
+    let mut first: BTreeMap<String, Instant> = BTreeMap::new();
+    for e in &history.entries {
+        let (obj, deleting) = match &e.change {
+            Change::Applied(o) | Change::Listed(o) => (o, o.meta().deletion_timestamp.is_some()),
+            Change::Deleted(o) | Change::GoneInGap(o) => (o, true),
+            Change::Relisted { .. } => continue,
+        };
+        if deleting && matches!(obj, Obj::Claim(_)) {
+            let at = first.entry(obj.uid()).or_insert(e.at);
+            *at = (*at).min(e.at);
+        }
+    }
+    first
 }
 
-fn replay(history: &History) -> (World, Verdict) {
-    let mut world = World::default();
+fn replay<'w>(history: &History, witness: &'w Witness) -> (World<'w>, Verdict) {
+    let mut world = World {
+        witness,
+        start: history
+            .entries
+            .iter()
+            .map(|e| e.at)
+            .min()
+            .unwrap_or_else(Instant::now),
+        first_deleting: first_deleting(history),
+        pods: BTreeMap::new(),
+        claims: BTreeMap::new(),
+        sets: BTreeMap::new(),
+        drains: BTreeMap::new(),
+        records_seen: BTreeSet::new(),
+        deletion_checked: BTreeSet::new(),
+    };
     let mut v = Verdict {
         entries: history.entries.len(),
+        witness: witness.describe(),
         ..Verdict::default()
     };
     for e in &history.entries {
         match &e.change {
-            Change::Applied(o) => world.upsert(o, e.rv, true, &mut v),
-            Change::Listed(o) => world.upsert(o, e.rv, false, &mut v),
-            Change::Deleted(o) => world.delete(o, e.rv, false, &mut v),
-            Change::GoneInGap(o) => world.delete(o, e.rv, true, &mut v),
+            Change::Applied(o) => world.upsert(o, e.rv, e.at, true, &mut v),
+            Change::Listed(o) => world.upsert(o, e.rv, e.at, false, &mut v),
+            Change::Deleted(o) => world.delete(o, e.rv, e.at, false, &mut v),
+            Change::GoneInGap(o) => world.delete(o, e.rv, e.at, true, &mut v),
             Change::Relisted { .. } => v.gaps += 1,
         }
     }
-    v.drains_not_proven = world.not_proven.len();
+    v.completions_witnessed = match witness {
+        Witness::Reports(reports) => reports.len(),
+        Witness::TerminationMessages => world.drains.values().filter(|d| d.recorded).count(),
+    };
+    for d in world.drains.values() {
+        if let Some((_, ok)) = d.ended {
+            v.drain_pods_ended += 1;
+            if ok && !world.witnessed(d) {
+                v.exits_unwitnessed += 1;
+            }
+        }
+    }
     (world, v)
 }
 
-/// Checks I1 and I2 over the whole history.
-pub fn check(history: &History) -> Verdict {
-    replay(history).1
+/// Checks I1 (judged from `witness`) and I2 over the whole history.
+pub fn check(history: &History, witness: &Witness) -> Verdict {
+    replay(history, witness).1
 }
 
 /// I3 on the state the history ends in: what is not settled yet (empty once every orphaned
 /// claim of an opted-in set is drained and gone, and nothing of ours is left). Claims of sets
 /// that no longer exist are not drained by design and are not counted.
 pub fn unsettled(history: &History) -> Vec<String> {
-    let (world, _) = replay(history);
+    let (world, _) = replay(history, &Witness::TerminationMessages);
     let mut out = Vec::new();
     for pod in world.pods.values() {
         if let Some(set) = pod

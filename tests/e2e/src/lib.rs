@@ -20,6 +20,7 @@ pub mod kruise;
 pub mod objects;
 pub mod ops;
 pub mod suite;
+pub mod witness;
 
 /// Root of the repository.
 pub fn repo_root() -> PathBuf {

@@ -1,7 +1,7 @@
-//! The fault suite's shared parts (issue 10): a seeded random source whose seed is printed, a
-//! log of the faults injected, the independent checker around a scenario (record, settle,
-//! verdict) and the faults themselves (a drain pod deleted or evicted, a cluster component
-//! restarted).
+//! The fault suite's shared parts (issues 10 and 21): a seeded random source whose seed is
+//! printed, a log of the faults injected, the independent checker around a scenario (record,
+//! the drains' witness, settle, verdict) and the faults themselves (a drain pod deleted or
+//! evicted, a cluster component restarted).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, EvictParams, ListParams};
 use kube::{Client, ResourceExt};
 
+use crate::witness::Witness;
 use crate::{TestNamespace, repo_root};
 
 /// Prints a line of the suite's report (seed, faults, verdict) on stderr, past the test
@@ -115,25 +116,68 @@ impl FaultLog {
     }
 }
 
+/// Where a scenario's I1 takes the drains' word that they finished from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum I1From {
+    /// The drain scripts' reports to the scenario's [`crate::witness::Witness`]: every drain
+    /// script must be built with [`Checked::drain_script`].
+    Witness,
+    /// The completion records in the drain pods' termination messages: for drains the test
+    /// cannot script (the example datastore's `drainer` image). The same evidence the
+    /// controller reads, so the drain itself must be judged from its data (I4).
+    TerminationMessages,
+}
+
 /// The independent checker around a scenario: it records the namespace from before the first
-/// object is created until the scenario has settled.
+/// object is created until the scenario has settled, and (under [`I1From::Witness`]) runs the
+/// witness the drain scripts report their completion to.
 pub struct Checked {
     scenario: String,
     recorder: Recorder,
+    witness: Option<Witness>,
 }
 
 impl Checked {
-    /// Starts recording `ns` and waits until the checker's watches have listed.
-    pub async fn start(client: &Client, ns: &TestNamespace, scenario: &str) -> Result<Self> {
+    /// Starts recording `ns` (and the witness, under [`I1From::Witness`]) and waits until the
+    /// checker's watches have listed.
+    pub async fn start(
+        client: &Client,
+        ns: &TestNamespace,
+        scenario: &str,
+        i1: I1From,
+    ) -> Result<Self> {
+        let witness = match i1 {
+            I1From::Witness => Some(Witness::start().await?),
+            I1From::TerminationMessages => None,
+        };
         let recorder = Recorder::start(client, &ns.name);
         ensure!(
             recorder.wait_listed(1, Duration::from_secs(30)).await,
             "the checker's watches did not start"
         );
+        if let Some(w) = &witness {
+            say(format_args!(
+                "[{scenario}] witness listening on {}",
+                w.addr()
+            ));
+        }
         Ok(Self {
             scenario: scenario.to_owned(),
             recorder,
+            witness,
         })
+    }
+
+    /// A drain script that runs `drain` and, as its last step, reports its completion to the
+    /// witness ([`Witness::script`]), for `e2e::objects::drain_template`.
+    ///
+    /// # Panics
+    /// When the scenario's I1 is not judged from the witness (a mistake in the scenario).
+    pub fn drain_script(&self, drain: &str) -> String {
+        self.witness
+            .as_ref()
+            .unwrap_or_else(|| panic!("[{}] has no witness to report to", self.scenario))
+            .script(drain)
     }
 
     /// The recorder (e.g. to wait for it to list again after an API server restart).
@@ -172,15 +216,27 @@ impl Checked {
         }
     }
 
-    /// Stops recording and checks I1 and I2 over everything recorded; fails on a violation.
+    /// Stops recording and checks I1 and I2 over everything recorded; fails on a violation, or
+    /// when the witness received a line that was not a completion record (a drain handed a
+    /// broken record).
     pub fn verdict(self) -> Result<Verdict> {
         let lists = self.recorder.lists();
-        let verdict = checker::check(&self.recorder.stop());
+        let (witness, rejected) = match &self.witness {
+            Some(w) => (checker::Witness::Reports(w.reports()), w.rejected()),
+            None => (checker::Witness::TerminationMessages, Vec::new()),
+        };
+        let verdict = checker::check(&self.recorder.stop(), &witness);
         say(format_args!(
             "[{}] checker: {verdict} (lists: {lists:?})",
             self.scenario
         ));
         ensure!(verdict.ok(), "[{}] {verdict}", self.scenario);
+        ensure!(
+            rejected.is_empty(),
+            "[{}] the witness received {} reports that were not completion records: {rejected:?}",
+            self.scenario,
+            rejected.len()
+        );
         Ok(verdict)
     }
 }

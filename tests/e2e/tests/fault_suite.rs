@@ -1,9 +1,18 @@
-//! The fault suite (issue 10): drains under faults injected at random instants, each scenario
-//! watched by the independent checker (`tests/checker`), which must find I1 (no claim deleted
-//! without a proven successful drain), I2 (no stateful pod created on a claim being deleted,
-//! never two pods of one name) and I3 (everything settles once the faults stop) to hold, and
-//! for the example datastore I4 (every record readable exactly once). Each scenario prints its
-//! seed (`STSD_FAULT_SEED` replays it), the faults injected and the checker's verdict.
+//! The fault suite (issues 10 and 21): drains under faults injected at random instants, each
+//! scenario watched by the independent checker (`tests/checker`), which must find I1 (no claim
+//! deleted unless a drain told its completion naming it before), I2 (no stateful pod created on
+//! a claim being deleted, never two pods of one name) and I3 (everything settles once the
+//! faults stop) to hold, and for the example datastore I4 (every record readable exactly
+//! once). Each scenario prints its seed (`STSD_FAULT_SEED` replays it), the faults injected and
+//! the checker's verdict.
+//!
+//! The drains tell their completion themselves: every drain script reports, as its very last
+//! step, to a witness the test runs (`e2e::witness`, through [`Checked::drain_script`]), and
+//! I1 is judged from those reports alone, never from exit codes or clocks. The exception is the
+//! example datastore, whose drain pods run the real `drainer` image: there I1 is judged from
+//! the completion record in the drain pods' termination messages (the evidence the controller
+//! itself reads, so it checks the controller's use of it), and whether each drain really
+//! finished is judged by I4 from the data.
 //!
 //! The API server and kubelet restarts are in `fault_restarts.rs` (a binary of their own: they
 //! would disturb the scenarios running next to them).
@@ -14,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
-use drain_api::names::pod_name;
+use drain_api::names::{claim_name, pod_name};
 use e2e::faults::{
     DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, value_of, write_records,
 };
@@ -33,15 +42,17 @@ use serde_json::json;
 const SETTLE: Duration = Duration::from_secs(180);
 
 /// A drain that behaves badly on purpose: its first run on a claim fails (exit 1: the kubelet
-/// restarts it), and it exits 0 when asked to stop (SIGTERM), which must never count as success.
+/// restarts it), and it exits 0 when asked to stop (SIGTERM) without reporting its completion,
+/// which must never count as success.
 const FLAKY_DRAIN: &str = "trap 'exit 0' TERM; \
     if [ ! -f /data/failed-once ]; then touch /data/failed-once; sleep 0.5; exit 1; fi; \
     sleep 2 & wait";
 
-fn drain_set(name: &str, script: &str) -> SetBuilder {
+/// A set opted in with a drain pod running `script`, which then reports to the witness.
+fn drain_set(checked: &Checked, name: &str, script: &str) -> SetBuilder {
     SetBuilder::new(name).annotation(
         DRAINER_POD_TEMPLATE,
-        drain_template(script, &["data"], json!({})),
+        drain_template(&checked.drain_script(script), &["data"], json!({})),
     )
 }
 
@@ -56,10 +67,10 @@ async fn the_controller_killed_at_random_instants_across_flapping_drains() -> Re
     let mut faults = FaultLog::new(SCENARIO);
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-kills").await?;
-    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
     let sets = [("ord", 3, false), ("par", 5, true)];
     for (name, replicas, parallel) in sets {
-        let mut set = drain_set(name, FLAKY_DRAIN).replicas(replicas);
+        let mut set = drain_set(&checked, name, FLAKY_DRAIN).replicas(replicas);
         if parallel {
             set = set.parallel();
         }
@@ -131,7 +142,9 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     let mut faults = FaultLog::new(SCENARIO);
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-data").await?;
-    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    // The drain pods run the real `drainer`, not a script that can report: I1 is judged from
+    // the completion records in their termination messages, and the drains themselves by I4.
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::TerminationMessages).await?;
     apply_example(&ns, &[])?;
     wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
     let mut controller = ControllerProcess::start(&ns.name, &[]);
@@ -278,8 +291,11 @@ async fn two_replicas_with_the_leader_killed_mid_drain() -> Result<()> {
     let mut faults = FaultLog::new(SCENARIO);
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-leader").await?;
-    let checked = Checked::start(&client, &ns, SCENARIO).await?;
-    start_set(&ns, &drain_set("web", FLAKY_DRAIN).replicas(4).parallel()).await?;
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
+    let set = drain_set(&checked, "web", FLAKY_DRAIN)
+        .replicas(4)
+        .parallel();
+    start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("web", 0..4)).await?;
     let replica = |name: &str| ControllerProcess::start_replica(&ns.name, name);
     let mut replicas = BTreeMap::from([("a", replica("a")), ("b", replica("b"))]);
@@ -335,8 +351,11 @@ async fn two_controllers_without_leader_election_at_once() -> Result<()> {
     let mut faults = FaultLog::new(SCENARIO);
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-unelected").await?;
-    let checked = Checked::start(&client, &ns, SCENARIO).await?;
-    start_set(&ns, &drain_set("web", FLAKY_DRAIN).replicas(4).parallel()).await?;
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
+    let set = drain_set(&checked, "web", FLAKY_DRAIN)
+        .replicas(4)
+        .parallel();
+    start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("web", 0..4)).await?;
     let controllers = [
         ControllerProcess::start_named(&ns.name, "a", &[]),
@@ -367,6 +386,146 @@ async fn two_controllers_without_leader_election_at_once() -> Result<()> {
     Ok(())
 }
 
+/// A drain whose first run on a claim never finishes by itself: after `delay` it makes its
+/// liveness probe (`test ! -e /tmp/die`) fail, and the kubelet's kill (SIGTERM, no delete
+/// request) is answered with `exit 0`, without reporting. Its next run on the claim finishes.
+fn stopped_by_liveness_once(delay: Duration) -> String {
+    format!(
+        "trap 'exit 0' TERM; \
+         if [ ! -f /data/probe-killed-once ]; then touch /data/probe-killed-once; \
+         sleep {:.2}; touch /tmp/die; while :; do sleep 1 & wait; done; fi; \
+         sleep 1 & wait",
+        delay.as_secs_f64()
+    )
+}
+
+/// A drain whose first run on a claim never tells its startup probe (`test -e /tmp/started`)
+/// it started, so the kubelet kills it (SIGTERM, no delete request), which it answers with
+/// `exit 0`, without reporting. Its next run on the claim starts at once and finishes.
+const STOPPED_BY_STARTUP_ONCE: &str = "trap 'exit 0' TERM; \
+    if [ -f /data/probe-killed-once ]; then touch /tmp/started; \
+    else touch /data/probe-killed-once; while :; do sleep 1 & wait; done; fi; \
+    sleep 1 & wait";
+
+/// A drain template running `script` (then reporting to the witness) with `probe` (e.g.
+/// `("livenessProbe", {...})`) on its container and the pod's `restartPolicy`.
+fn probed_drain_template(
+    checked: &Checked,
+    script: &str,
+    probe: (&str, serde_json::Value),
+    restart_policy: &str,
+) -> Result<String> {
+    let template = drain_template(
+        &checked.drain_script(script),
+        &["data"],
+        json!({"restartPolicy": restart_policy}),
+    );
+    let mut template: serde_json::Value = serde_json::from_str(&template)?;
+    let container = template["spec"]["containers"][0]
+        .as_object_mut()
+        .context("the drain template's container")?;
+    container.insert(probe.0.to_owned(), probe.1);
+    Ok(template.to_string())
+}
+
+/// Drains stopped by the kubelet, not by a delete (issue 21 §2): each claim's first drain run
+/// is killed by its own liveness probe (`restartPolicy: Never`: the pod ends `Succeeded`, exit
+/// 0, no delete request, which a rule of "exit 0 before any delete request" takes for a
+/// finished drain) or startup probe (`OnFailure`), and exits 0 without reporting. No claim may
+/// be deleted before its drain reports (I1 from the witness), and every drain must finish on a
+/// later run once the faults (controller kills, flapping scales) stop (I3).
+#[tokio::test]
+async fn drains_stopped_by_their_probes_never_count_and_finish_on_a_later_run() -> Result<()> {
+    const SCENARIO: &str = "probes";
+    let mut rng = Rng::for_scenario(SCENARIO);
+    let mut faults = FaultLog::new(SCENARIO);
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "fault-probes").await?;
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
+    let liveness = json!({"exec": {"command": ["sh", "-c", "test ! -e /tmp/die"]},
+                          "periodSeconds": 1, "failureThreshold": 1});
+    let startup = json!({"exec": {"command": ["test", "-e", "/tmp/started"]},
+                         "periodSeconds": 1, "failureThreshold": 2});
+    let live = probed_drain_template(
+        &checked,
+        &stopped_by_liveness_once(rng.millis(0, 2000)),
+        ("livenessProbe", liveness),
+        "Never",
+    )?;
+    let start = probed_drain_template(
+        &checked,
+        STOPPED_BY_STARTUP_ONCE,
+        ("startupProbe", startup),
+        "OnFailure",
+    )?;
+    let sets = [("live", live), ("start", start)];
+    for (name, template) in &sets {
+        let set = SetBuilder::new(name)
+            .replicas(3)
+            .parallel()
+            .annotation(DRAINER_POD_TEMPLATE, template.clone());
+        start_set(&ns, &set).await?;
+    }
+    for (name, _) in &sets {
+        wait_running(&ns, &pod_names(name, 0..3)).await?;
+    }
+    let mut controller = ControllerProcess::start(&ns.name, &[]);
+
+    // 1. Each set 3 → 1 with nothing else going on: every first run is stopped by its probe,
+    //    and the claims go only after a later run reported.
+    for (name, _) in &sets {
+        scale(&ns, name, 1).await?;
+        faults.add("scaled", format!("{name} to 1"));
+    }
+    for (name, _) in &sets {
+        for o in [1, 2] {
+            wait_claim_gone(&ns, &claim_name("data", name, o), Duration::from_secs(150)).await?;
+        }
+    }
+    faults.add("drained", "ordinals 1 and 2 of both sets");
+
+    // 2. Back to 3 (new claims, new first runs) and flapping with controller kills.
+    let flapping = Instant::now();
+    for (name, _) in &sets {
+        scale(&ns, name, 3).await?;
+        faults.add("scaled", format!("{name} to 3"));
+    }
+    while flapping.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(rng.millis(300, 1500)).await;
+        if rng.range(0, 2) == 0 {
+            controller.kill();
+            let down = rng.millis(0, 500);
+            faults.add("controller killed", format!("restarted after {down:?}"));
+            tokio::time::sleep(down).await;
+            controller = ControllerProcess::start(&ns.name, &[]);
+        } else {
+            let (name, _) = rng.pick(&sets).context("sets")?;
+            let replicas = rng.range(0, 4) as i32;
+            scale(&ns, name, replicas).await?;
+            faults.add("scaled", format!("{name} to {replicas}"));
+        }
+    }
+    for (name, _) in &sets {
+        scale(&ns, name, 1).await?;
+    }
+    faults.add("scaled", "live and start to 1 (final)");
+    faults.print();
+    checked.settle(SETTLE).await?;
+    drop(controller);
+    let verdict = checked.verdict()?;
+    ensure!(
+        verdict.claims_deleted >= 4,
+        "too few drains completed: {verdict}"
+    );
+    // The liveness set's first runs (phase 1) ended `Succeeded`, exit 0, without reporting:
+    // the scenario showed the stops it is about.
+    ensure!(
+        verdict.exits_unwitnessed >= 2,
+        "the probes stopped too few drains to show anything: {verdict}"
+    );
+    Ok(())
+}
+
 /// StatefulSets deleted mid-drain, one held by another controller's finalizer and one not:
 /// no claim is deleted, and nothing of ours is left once the sets are gone.
 #[tokio::test]
@@ -376,10 +535,10 @@ async fn statefulsets_deleted_mid_drain_with_and_without_a_finalizer() -> Result
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-setdel").await?;
     let _release = release_set_finalizers_on_drop(&ns, "held");
-    let checked = Checked::start(&client, &ns, SCENARIO).await?;
+    let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
     let never_done = "trap 'exit 0' TERM; while [ ! -f /data/go ]; do sleep 0.2; done";
-    start_set(&ns, &drain_set("held", never_done)).await?;
-    start_set(&ns, &drain_set("bare", never_done)).await?;
+    start_set(&ns, &drain_set(&checked, "held", never_done)).await?;
+    start_set(&ns, &drain_set(&checked, "bare", never_done)).await?;
     ns.api::<StatefulSet>()
         .patch(
             "held",
