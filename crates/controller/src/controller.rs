@@ -352,6 +352,9 @@ struct Routes {
     to_sets: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
     advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     to_advanced: mpsc::UnboundedSender<ObjectRef<AdvancedStatefulSet>>,
+    /// Drain pods by set: a set that opted out with a drain in flight still hears of its
+    /// claims (an approval given while it waits).
+    in_flight: Index,
 }
 
 impl Routes {
@@ -395,18 +398,20 @@ impl Routes {
         }
     }
 
-    /// Triggers every opted-in set, of either kind, that a claim's name makes it a claim of.
+    /// Triggers every set, of either kind, that a claim's name makes it a claim of, if the
+    /// set opted in or has a drain in flight.
     fn claim(&self, claim: &PartialObjectMeta<PersistentVolumeClaim>) {
         let ns = claim.metadata.namespace.clone().unwrap_or_default();
         let name = claim.metadata.name.clone().unwrap_or_default();
         for set in observe::claim_set_candidates(&name) {
-            if let Some(r) = claim_ref(&self.sets, &name, set, &ns) {
+            let draining = !self.in_flight.names(&ns, set).is_empty();
+            if let Some(r) = claim_ref(&self.sets, &name, set, &ns, draining) {
                 let _ = self.to_sets.send(r);
             }
             if let Some(r) = self
                 .advanced
                 .get()
-                .and_then(|s| claim_ref(s, &name, set, &ns))
+                .and_then(|s| claim_ref(s, &name, set, &ns, draining))
             {
                 let _ = self.to_advanced.send(r);
             }
@@ -419,8 +424,13 @@ fn claim_ref<K: ServedSet>(
     claim: &str,
     set: &str,
     ns: &str,
+    draining: bool,
 ) -> Option<ObjectRef<K>> {
-    let r = opted_in_ref(sets, set, ns)?;
+    let r = if draining {
+        any_set_ref(sets, set, ns)?
+    } else {
+        opted_in_ref(sets, set, ns)?
+    };
     let found = sets.get(&r)?;
     observe::parse_claim_name(claim, set, &found.claim_templates()).map(|_| r)
 }
@@ -889,6 +899,7 @@ pub async fn run(
         to_sets,
         advanced: advanced_sets,
         to_advanced,
+        in_flight: ctx.drain_pod_index.clone(),
     };
     let secondary = tokio::spawn({
         let routes = routes.clone();

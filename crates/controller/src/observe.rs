@@ -11,8 +11,10 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::config::SuccessProof;
 use crate::plan::{
-    Blocker, Claim, DrainPhase, DrainPod, DrainProgress, DrainRecord, PodKind, PodObs, Snapshot,
+    Blocker, Claim, DrainPhase, DrainPod, DrainProgress, DrainRecord, PodKind, PodObs, PodSettings,
+    Snapshot,
 };
 use crate::status::StatusReport;
 
@@ -211,6 +213,21 @@ fn completion(pod: &Pod) -> Option<BTreeMap<String, String>> {
         })
 }
 
+/// The settings the pod was made under, if it records them.
+fn pod_settings(meta: &ObjectMeta) -> Option<PodSettings> {
+    let value: serde_json::Value =
+        serde_json::from_str(annotation(meta, pod_annotations::SETTINGS)?).ok()?;
+    Some(PodSettings {
+        // Anything but an explicit `automatic` holds deletes for approval.
+        manual_approval: value.get("approval").and_then(|v| v.as_str()) != Some("automatic"),
+        // Anything but an explicit `exit-code` asks for the record.
+        proof: match value.get("successProof").and_then(|v| v.as_str()) {
+            Some("exit-code") => SuccessProof::ExitCode,
+            _ => SuccessProof::CompletionRecord,
+        },
+    })
+}
+
 /// Whether the pod has a `DisruptionTarget` condition: something asked it to stop (an
 /// eviction, a preemption, its node shutting down).
 fn disrupted(pod: &Pod) -> bool {
@@ -289,7 +306,9 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
         !sidecars.contains(&c.name.as_str())
             && c.state.as_ref().is_some_and(|s| s.running.is_some())
     });
+    // A native sidecar's restarts (a proxy, a log shipper) say nothing of the drain's health.
     let restarts = container_statuses(pod)
+        .filter(|c| !sidecars.contains(&c.name.as_str()))
         .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
         .max()
         .unwrap_or(0);
@@ -312,6 +331,7 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             completion: completion(pod),
             disrupted: disrupted(pod),
             kill_probes: kill_probes(pod),
+            settings: pod_settings(meta),
             started,
             running,
             restarts,
@@ -532,6 +552,62 @@ mod tests {
         assert!(waiting.started && !waiting.running && waiting.restarts == 1);
         let restarted = pod(serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:10Z"}}));
         assert!(restarted.started && restarted.running);
+    }
+
+    #[test]
+    fn the_settings_a_drain_pod_was_made_under_are_read_strictly() {
+        let settings = |value: &str| {
+            pod_settings(&ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    pod_annotations::SETTINGS.to_owned(),
+                    value.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            })
+        };
+        assert_eq!(
+            settings(r#"{"approval":"automatic","successProof":"exit-code"}"#),
+            Some(PodSettings {
+                manual_approval: false,
+                proof: SuccessProof::ExitCode
+            })
+        );
+        // Anything unclear holds deletes and asks for the record.
+        assert_eq!(
+            settings(r#"{"approval":"Automatic","successProof":"exit code"}"#),
+            Some(PodSettings {
+                manual_approval: true,
+                proof: SuccessProof::CompletionRecord
+            })
+        );
+        assert_eq!(settings("not json"), None);
+        assert_eq!(pod_settings(&ObjectMeta::default()), None);
+    }
+
+    #[test]
+    fn a_native_sidecars_restarts_do_not_count_as_the_drains() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-2", "uid": "p"},
+            "spec": {
+                "initContainers": [{"name": "proxy", "restartPolicy": "Always"}],
+                "containers": [{"name": "drain"}]
+            },
+            "status": {"phase": "Running",
+                "initContainerStatuses": [{
+                    "name": "proxy", "image": "x", "imageID": "", "ready": false,
+                    "restartCount": 7, "state": {"waiting": {"reason": "CrashLoopBackOff"}}
+                }],
+                "containerStatuses": [{
+                    "name": "drain", "image": "x", "imageID": "", "ready": true,
+                    "restartCount": 0, "state": {"running": {}}
+                }]}
+        }))
+        .unwrap();
+        let PodKind::Drain(d) = drain_pod(&pod, 2).kind else {
+            unreachable!()
+        };
+        assert_eq!(d.restarts, 0);
+        assert!(d.running && d.blocker.is_none());
     }
 
     #[test]

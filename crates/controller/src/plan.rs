@@ -158,6 +158,8 @@ pub struct DrainPod {
     /// Whether one of its regular containers has a liveness or startup probe, whose kill of a
     /// program that exits 0 on SIGTERM leaves a `Succeeded` pod with no deletion requested.
     pub kill_probes: bool,
+    /// The set's settings when it was created (absent on pods of older controllers).
+    pub settings: Option<PodSettings>,
     /// Whether any of its containers ever ran.
     pub started: bool,
     /// Whether any of its containers is running now.
@@ -170,6 +172,17 @@ pub struct DrainPod {
     pub started_at: Option<Timestamp>,
     /// The progress it publishes on itself, if it does.
     pub progress: Option<DrainProgress>,
+}
+
+/// The settings a drain pod was created under ([`drain_api::pod_annotations::SETTINGS`]): its
+/// drain is judged by them where they are stricter than the set's current ones, so opting out
+/// or relaxing a setting mid-drain cannot drop an approval or lower the proof.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodSettings {
+    /// `drain-approval: manual`.
+    pub manual_approval: bool,
+    /// `drain-success-proof`.
+    pub proof: SuccessProof,
 }
 
 /// What a drain pod proves about its drain, under the set's [`SuccessProof`].
@@ -207,9 +220,6 @@ fn claim_list(claims: &BTreeMap<String, String>) -> String {
 /// whether a claim of the ordinal records that it was seen succeeding (`exit-code` only).
 /// No clock is read: only what the pod reports and the order the API server gives.
 pub fn finish(pod: &PodObs, drain: &DrainPod, proof: SuccessProof, recorded: bool) -> Finish {
-    if drain.phase != DrainPhase::Succeeded {
-        return Finish::NotFinished;
-    }
     let no_proof = |why: String| Finish::Unproven {
         kind: FailureKind::Unproven,
         why,
@@ -232,10 +242,13 @@ pub fn finish(pod: &PodObs, drain: &DrainPod, proof: SuccessProof, recorded: boo
         why,
     };
     match proof {
+        // A drain container that wrote the record finished, whatever its pod does next (a
+        // sidecar that never exits, such as an injected mesh proxy, keeps the pod running).
         SuccessProof::CompletionRecord => match (&drain.completion, stopped) {
             (Some(named), _) if !named.is_empty() && *named == drain.claims => Finish::Proven {
                 record_first: false,
             },
+            _ if drain.phase != DrainPhase::Succeeded => Finish::NotFinished,
             (Some(named), _) => no_proof(format!(
                 "its completion record names claims {}, not the claims it was bound to ({})",
                 claim_list(named),
@@ -251,6 +264,9 @@ pub fn finish(pod: &PodObs, drain: &DrainPod, proof: SuccessProof, recorded: boo
             ),
         },
         SuccessProof::ExitCode => {
+            if drain.phase != DrainPhase::Succeeded {
+                return Finish::NotFinished;
+            }
             if recorded {
                 return Finish::Proven {
                     record_first: false,
@@ -1127,7 +1143,15 @@ impl<'a> Planner<'a> {
             .live
             .iter()
             .any(|c| c.record.succeeded_pod_uid.as_deref() == Some(pod.uid.as_str()));
-        match finish(pod, drain, self.settings.proof, recorded) {
+        // The proof the pod was made under counts too: the completion record if either asks it.
+        let proof = match drain.settings {
+            Some(PodSettings {
+                proof: SuccessProof::CompletionRecord,
+                ..
+            }) => SuccessProof::CompletionRecord,
+            _ => self.settings.proof,
+        };
+        match finish(pod, drain, proof, recorded) {
             Finish::Proven { record_first } => {
                 return self.succeeded(ord, pod, drain, record_first);
             }
@@ -1402,7 +1426,9 @@ impl<'a> Planner<'a> {
             .copied()
             .filter(|c| drain.claims.get(&c.name) == Some(&c.uid))
             .collect();
-        if self.settings.manual_approval {
+        let manual =
+            self.settings.manual_approval || drain.settings.is_some_and(|s| s.manual_approval);
+        if manual {
             let unapproved: Vec<&Claim> = drained
                 .iter()
                 .copied()

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use drain_api::{annotations, env, labels, pod_annotations};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Volume,
+    EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
@@ -82,8 +82,13 @@ pub enum TemplateError {
     /// The template's `restartPolicy` is `Always`: a drain pod could never succeed.
     #[error("drain template has restartPolicy Always, so a drain pod could never finish")]
     RestartPolicyAlways,
-    /// A claim template's volume is used by no container or init container of the template.
-    #[error("claim template {claim_template} is mounted by no container of the drain template")]
+    /// A claim template's volume is used by no regular container of the template (an init
+    /// container or a sidecar does not decide the drain's success).
+    #[error(
+        "claim template {claim_template} is mounted by no container of the drain template (an \
+         init container or sidecar mounting it does not count: the containers that decide the \
+         drain's success must)"
+    )]
     ClaimNotMounted {
         /// Name of the claim template (and of the volume).
         claim_template: String,
@@ -111,6 +116,22 @@ pub enum TemplateError {
         /// Name of the StatefulSet.
         set: String,
     },
+    /// A template volume other than a claim template's names a claim: a drain pod must never
+    /// mount a claim it does not drain (a live peer's, another set's).
+    #[error(
+        "volume {volume} of the drain template names claim {claim}: a drain pod mounts only \
+         the claims of its own ordinal, which the controller binds to the volumes named like the \
+         set's claim templates"
+    )]
+    ForeignClaim {
+        /// The volume's name.
+        volume: String,
+        /// The claim it names.
+        claim: String,
+    },
+    /// The template sets `ephemeralContainers`, which no pod may be created with.
+    #[error("drain template sets ephemeralContainers, which a pod cannot be created with")]
+    EphemeralContainers,
     /// Under the `exit-code` proof, a container has a liveness or startup probe: its kill of a
     /// program that exits 0 on SIGTERM would leave a pod that looks like a finished drain.
     #[error(
@@ -149,6 +170,8 @@ impl TemplateError {
             Self::ClaimsDeletedOnScaleDown { .. } => "ClaimsDeletedOnScaleDown",
             Self::NoClaimTemplates { .. } => "NoClaimTemplates",
             Self::KillingProbe { .. } => "ProbeUnderExitCodeProof",
+            Self::ForeignClaim { .. } => "ForeignClaimInDrainTemplate",
+            Self::EphemeralContainers => "InvalidDrainTemplate",
         }
     }
 }
@@ -283,6 +306,8 @@ pub struct DrainTemplate {
     spec: PodSpec,
     template_hash: String,
     owner_api_version: String,
+    /// The [`pod_annotations::SETTINGS`] value of its pods.
+    settings: String,
 }
 
 /// A stable hash of the drain template's annotation text (FNV-1a, 64 bits, hex): what tells a
@@ -371,9 +396,13 @@ pub fn validate(
     let reserved_labels = [labels::DRAIN_POD, labels::ORDINAL]
         .into_iter()
         .filter(|key| template_labels.contains_key(*key));
-    let reserved_annotations = [pod_annotations::CLAIMS, pod_annotations::TEMPLATE_HASH]
-        .into_iter()
-        .filter(|key| template_annotations.contains_key(*key));
+    let reserved_annotations = [
+        pod_annotations::CLAIMS,
+        pod_annotations::TEMPLATE_HASH,
+        pod_annotations::SETTINGS,
+    ]
+    .into_iter()
+    .filter(|key| template_annotations.contains_key(*key));
     errors.extend(reserved_labels.chain(reserved_annotations).map(|key| {
         TemplateError::ReservedKey {
             key: key.to_owned(),
@@ -397,6 +426,26 @@ pub fn validate(
                 claim_template: claim.clone(),
             }),
     );
+
+    errors.extend(
+        spec.volumes
+            .iter()
+            .flatten()
+            .filter(|v| !claim_templates.contains(&v.name))
+            .filter_map(|v| {
+                Some(TemplateError::ForeignClaim {
+                    volume: v.name.clone(),
+                    claim: v.persistent_volume_claim.as_ref()?.claim_name.clone(),
+                })
+            }),
+    );
+    if spec
+        .ephemeral_containers
+        .as_ref()
+        .is_some_and(|c| !c.is_empty())
+    {
+        errors.push(TemplateError::EphemeralContainers);
+    }
 
     if config.proof == SuccessProof::ExitCode {
         for c in spec.containers.iter() {
@@ -452,6 +501,7 @@ pub fn validate(
         spec,
         template_hash: hash,
         owner_api_version: "apps/v1".to_owned(),
+        settings: settings_annotation(config),
     })
 }
 
@@ -466,9 +516,10 @@ fn unsupported_metadata(metadata: &ObjectMeta) -> impl Iterator<Item = String> {
         .filter(|field| field != "labels" && field != "annotations")
 }
 
-/// Whether a container or init container mounts (or, for block volumes, attaches) `volume`.
+/// Whether a regular container (not an init container, not a sidecar) mounts (or, for block
+/// volumes, attaches) `volume`.
 fn uses_volume(spec: &PodSpec, volume: &str) -> bool {
-    containers(spec).any(|container| {
+    spec.containers.iter().any(|container| {
         let mounted = container
             .volume_mounts
             .iter()
@@ -481,12 +532,6 @@ fn uses_volume(spec: &PodSpec, volume: &str) -> bool {
             .any(|device| device.name == volume);
         mounted || attached
     })
-}
-
-fn containers(spec: &PodSpec) -> impl Iterator<Item = &Container> {
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
 }
 
 /// The labels of a drain pod: the template's, then ours.
@@ -559,6 +604,15 @@ fn inherit(drain: &mut PodSpec, set: &PodSpec) {
     if drain.security_context.is_none() {
         drain.security_context.clone_from(&set.security_context);
     }
+}
+
+/// The [`pod_annotations::SETTINGS`] value for drain pods made under `config`.
+pub fn settings_annotation(config: &DrainConfig) -> String {
+    serde_json::json!({
+        "approval": if config.manual_approval { "manual" } else { "automatic" },
+        "successProof": config.proof.as_str(),
+    })
+    .to_string()
 }
 
 impl DrainTemplate {
@@ -669,8 +723,11 @@ impl DrainTemplate {
         for container in all_containers {
             let env = container.env.get_or_insert_with(Vec::new);
             for var in &vars {
-                if !env.iter().any(|existing| existing.name == var.name) {
-                    env.push(var.clone());
+                match env.iter_mut().find(|existing| existing.name == var.name) {
+                    // The completion record is always ours: it names the claims the pod drains.
+                    Some(existing) if var.name == env::COMPLETION_RECORD => *existing = var.clone(),
+                    Some(_) => {}
+                    None => env.push(var.clone()),
                 }
             }
         }
@@ -689,6 +746,7 @@ impl DrainTemplate {
             pod_annotations::TEMPLATE_HASH.to_owned(),
             self.template_hash.clone(),
         );
+        annotations.insert(pod_annotations::SETTINGS.to_owned(), self.settings.clone());
 
         Pod {
             metadata: ObjectMeta {
@@ -945,6 +1003,36 @@ mod tests {
         valid().drain_template(&template_with(json!({"annotations": {(pod_annotations::CLAIMS): "{}"}}), json!({}))).build(),
         TemplateError::ReservedKey { key: pod_annotations::CLAIMS.into() }
     )]
+    #[case::reserved_settings_annotation(
+        valid().drain_template(&template_with(json!({"annotations": {(pod_annotations::SETTINGS): "{}"}}), json!({}))).build(),
+        TemplateError::ReservedKey { key: pod_annotations::SETTINGS.into() }
+    )]
+    #[case::mounted_by_init_container_only(
+        valid().drain_template(
+            r#"{"spec":{"initContainers":[{"name":"i","volumeMounts":[{"name":"data","mountPath":"/d"}]}],"containers":[{"name":"d"}]}}"#
+        ).build(),
+        TemplateError::ClaimNotMounted { claim_template: "data".into() }
+    )]
+    #[case::mounted_by_a_native_sidecar_only(
+        valid().drain_template(
+            r#"{"spec":{"initContainers":[{"name":"s","restartPolicy":"Always","volumeMounts":[{"name":"data","mountPath":"/d"}]}],"containers":[{"name":"d"}]}}"#
+        ).build(),
+        TemplateError::ClaimNotMounted { claim_template: "data".into() }
+    )]
+    #[case::names_a_peers_claim(
+        valid().drain_template(&template_with(json!({}), json!({
+            "containers": [{"name": "d", "volumeMounts": [
+                {"name": "data", "mountPath": "/data"}, {"name": "peer", "mountPath": "/peer"}]}],
+            "volumes": [{"name": "peer", "persistentVolumeClaim": {"claimName": "data-web-0"}}],
+        }))).build(),
+        TemplateError::ForeignClaim { volume: "peer".into(), claim: "data-web-0".into() }
+    )]
+    #[case::ephemeral_containers(
+        valid().drain_template(&template_with(json!({}), json!({
+            "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+        }))).build(),
+        TemplateError::EphemeralContainers
+    )]
     fn validate_rejects(#[case] set: StatefulSet, #[case] expected: TemplateError) {
         assert_eq!(errors(&set), vec![expected]);
     }
@@ -1014,9 +1102,9 @@ mod tests {
         r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":[{"name":"d","volumeMounts":[{"name":"data","mountPath":"/d"}]}]}}"#
     ))]
     #[case::restart_policy_never(valid().drain_template(&template_with(json!({}), json!({"restartPolicy": "Never"}))))]
-    #[case::mounted_by_init_container_only(valid().drain_template(
-        r#"{"spec":{"initContainers":[{"name":"i","volumeMounts":[{"name":"data","mountPath":"/d"}]}],"containers":[{"name":"d"}]}}"#
-    ))]
+    #[case::a_claim_template_volume_in_the_template_is_replaced(valid().drain_template(&template_with(json!({}), json!({
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "anything"}}],
+    }))))]
     #[case::block_device(valid().drain_template(
         r#"{"spec":{"containers":[{"name":"d","volumeDevices":[{"name":"data","devicePath":"/dev/xvda"}]}]}}"#
     ))]
@@ -1122,7 +1210,10 @@ mod tests {
                     "name": "drainer",
                     "image": "drainer:1",
                     "env": [{"name": (env::REPLICAS), "value": "mine"}],
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/data"},
+                        {"name": "logs", "mountPath": "/logs"},
+                    ],
                 }],
             },
         });
@@ -1183,6 +1274,7 @@ mod tests {
                     "note": "x",
                     (pod_annotations::CLAIMS): json!({"data-web-2": "u1", "logs-web-2": "u2"}).to_string(),
                     (pod_annotations::TEMPLATE_HASH): template_hash(&template.to_string()),
+                    (pod_annotations::SETTINGS): r#"{"approval":"automatic","successProof":"completion-record"}"#,
                 },
                 "ownerReferences": [
                     {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "u-web"}
@@ -1208,7 +1300,10 @@ mod tests {
                 "containers": [{
                     "name": "drainer",
                     "image": "drainer:1",
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/data"},
+                        {"name": "logs", "mountPath": "/logs"},
+                    ],
                     "env": drainer_env,
                 }],
             },
@@ -1451,6 +1546,34 @@ mod tests {
             record.claims,
             BTreeMap::from([("data-web-2".to_owned(), "u1".to_owned())])
         );
+    }
+
+    #[test]
+    fn the_completion_record_variable_is_always_the_controllers() {
+        let set = valid()
+            .drain_template(&template_with(
+                json!({}),
+                json!({"containers": [{
+                    "name": "d",
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "env": [{"name": (env::COMPLETION_RECORD), "value": "{}"}],
+                }]}),
+            ))
+            .build();
+        let pod = validate(&set, &DrainConfig::default())
+            .unwrap()
+            .pod(&DrainPodInput {
+                ordinal: 2,
+                replicas: 2,
+                claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
+            });
+        let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let records: Vec<_> = vars
+            .iter()
+            .filter(|v| v.name == env::COMPLETION_RECORD)
+            .collect();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].value.as_deref().unwrap().contains("data-web-2"));
     }
 
     #[test]

@@ -117,6 +117,11 @@ pub mod pod_annotations {
     /// ([`progress::DrainProgress`](crate::progress::DrainProgress)). The controller copies it
     /// into the set's status and measures stalls by it.
     pub const PROGRESS: &str = "statefulsets.kubernetes.io/drain-progress";
+    /// JSON `{"approval": "manual"|"automatic", "successProof": "completion-record"|"exit-code"}`:
+    /// the set's settings when the drain pod was created. Its drain is judged by them (and by
+    /// the set's current ones where those are stricter), so opting out or changing an
+    /// annotation mid-drain cannot drop an approval or lower the proof.
+    pub const SETTINGS: &str = "statefulsets.kubernetes.io/drain-settings";
 }
 
 pub mod completion;

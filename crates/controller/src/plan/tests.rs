@@ -73,6 +73,7 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             }),
             disrupted: false,
             kill_probes: false,
+            settings: None,
             started: phase != DrainPhase::Pending,
             running: phase == DrainPhase::Running,
             restarts: 0,
@@ -841,6 +842,8 @@ enum PodChoice {
         kill_probes: bool,
         /// Its success is recorded on the ordinal's claims (`exit-code`).
         seen: bool,
+        /// The settings it was made under: (manual approval, exit-code proof).
+        made_under: Option<(bool, bool)>,
     },
     Foreign,
 }
@@ -855,7 +858,13 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
         (any::<bool>(), 0u32..5),
         prop::option::of(any::<bool>()),
         any::<bool>(),
-        (0u8..3, any::<bool>(), any::<bool>(), any::<bool>()),
+        (
+            0u8..3,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::option::of((any::<bool>(), any::<bool>())),
+        ),
     )
         .prop_map(
             |(
@@ -867,7 +876,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
                 (running, restarts),
                 blocker,
                 stale_template,
-                (completion, disrupted, kill_probes, seen),
+                (completion, disrupted, kill_probes, seen, made_under),
             )| {
                 PodChoice::Drain {
                     phase,
@@ -883,6 +892,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
                     disrupted,
                     kill_probes,
                     seen,
+                    made_under,
                 }
             },
         )
@@ -967,6 +977,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             disrupted,
                             kill_probes,
                             seen,
+                            made_under,
                         } => {
                             let mut drained: Vec<Claim> = mine.clone();
                             if !same_uids {
@@ -1009,6 +1020,14 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             };
                             d.disrupted = disrupted;
                             d.kill_probes = kill_probes;
+                            d.settings = made_under.map(|(manual, exit_code)| PodSettings {
+                                manual_approval: manual,
+                                proof: if exit_code {
+                                    SuccessProof::ExitCode
+                                } else {
+                                    SuccessProof::CompletionRecord
+                                },
+                            });
                             if seen {
                                 for c in &mut mine {
                                     c.record.succeeded_pod_uid = Some(p.uid.clone());
@@ -1089,14 +1108,18 @@ proptest! {
                     panic!("claims deleted without a drain pod: {action:?}");
                 };
                 let drained = &d.claims;
-                prop_assert_eq!(d.phase, DrainPhase::Succeeded);
-                match settings.proof {
-                    // Only the record of exactly its claims proves it; no time counts.
+                // The completion record if the set or the pod's own settings ask for it.
+                let record = settings.proof == SuccessProof::CompletionRecord
+                    || d.settings.is_some_and(|p| p.proof == SuccessProof::CompletionRecord);
+                match if record { SuccessProof::CompletionRecord } else { SuccessProof::ExitCode } {
+                    // Only the record of exactly its claims proves it, whatever the phase (a
+                    // sidecar may still run); no time counts.
                     SuccessProof::CompletionRecord => {
                         prop_assert!(!drained.is_empty() && d.completion.as_ref() == Some(drained), "claims deleted without the completion record");
                     }
                     // Seen succeeding with no stop requested, and recorded before anything else.
                     SuccessProof::ExitCode => {
+                        prop_assert_eq!(d.phase, DrainPhase::Succeeded);
                         let seen_before = s.claims.iter().any(|c| c.ordinal == *ordinal && !c.terminating && c.record.succeeded_pod_uid.as_deref() == Some(pod.uid.as_str()));
                         let recorded_first = plan.actions[..i].iter().any(|a| matches!(a, Action::RecordSuccess { ordinal: o, pod_uid, .. } if o == ordinal && *pod_uid == pod.uid));
                         prop_assert!(seen_before || (recorded_first && !pod.terminating && !d.disrupted && !d.kill_probes), "claims deleted on an exit code not seen before a stop request");
@@ -1129,8 +1152,9 @@ proptest! {
     fn under_manual_approval_no_claim_is_deleted_unless_approved((s, settings) in arb_snapshot(), now in -100i64..100) {
         let plan = plan(&s, &settings, t(now));
         for action in &plan.actions {
-            if let Action::DeleteClaims { claims, .. } = action
-                && settings.manual_approval
+            let manual = |ordinal: &i32| settings.manual_approval || s.pods.iter().any(|p| p.ordinal == *ordinal && matches!(&p.kind, PodKind::Drain(d) if d.settings.is_some_and(|x| x.manual_approval)));
+            if let Action::DeleteClaims { ordinal, claims } = action
+                && manual(ordinal)
             {
                 for c in claims {
                     let observed = s.claims.iter().find(|x| x.uid == c.uid).expect("observed");
@@ -1183,7 +1207,8 @@ proptest! {
             if let Action::DeleteDrainPod { uid, resource_version, why, .. } = action {
                 let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
                 let PodKind::Drain(d) = &pod.kind else { panic!("not a drain pod") };
-                let finished = matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed);
+                let finished = matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed)
+                    || d.completion.as_ref().is_some_and(|c| !c.is_empty() && *c == d.claims);
                 prop_assert!(finished || resource_version.as_deref() == Some(d.resource_version.as_str()), "{:?} of an unfinished pod without a precondition", why);
             }
         }
@@ -2186,5 +2211,108 @@ fn a_recorded_series_or_a_pod_of_another_template_is_left_as_it_is() {
             pod_uid: "drain-pod-2".to_owned(),
             series: None,
         }]
+    );
+}
+
+// ---- settings a drain pod was made under, and sidecars (issue 22) -----------------------
+
+#[test]
+fn a_drain_made_under_manual_approval_still_waits_after_the_set_opts_out() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&c]);
+    drain_of(&mut pod).settings = Some(PodSettings {
+        manual_approval: true,
+        proof: SuccessProof::CompletionRecord,
+    });
+    // Opted out: the set's own settings are the defaults (automatic approval).
+    let opted_out = Settings {
+        new_drains: NewDrains::Stopped {
+            why: "the set opted out of draining".to_owned(),
+        },
+        ..settings()
+    };
+    let waiting = plan(&snap(2, vec![c.clone()], vec![pod]), &opted_out, t(0));
+    assert_eq!(
+        waiting.actions,
+        vec![Action::AwaitApproval {
+            ordinal: 2,
+            claims: refs(&[&c])
+        }]
+    );
+    // Approved: the claim goes.
+    let approved = with_record(
+        claim("data", 2),
+        DrainRecord {
+            approved: true,
+            ..running_record(2)
+        },
+    );
+    let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&approved]);
+    drain_of(&mut pod).settings = Some(PodSettings {
+        manual_approval: true,
+        proof: SuccessProof::CompletionRecord,
+    });
+    let plan = plan(
+        &snap(2, vec![approved.clone()], vec![pod]),
+        &opted_out,
+        t(0),
+    );
+    assert_eq!(
+        plan.actions[0],
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: refs(&[&approved])
+        }
+    );
+}
+
+#[test]
+fn a_drain_made_under_the_record_proof_still_needs_it_after_the_set_switches_to_exit_code() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = without_record(drain_pod(2, DrainPhase::Succeeded, &[&c]));
+    drain_of(&mut pod).settings = Some(PodSettings {
+        manual_approval: false,
+        proof: SuccessProof::CompletionRecord,
+    });
+    let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &exit_code(), t(0));
+    assert_eq!(
+        plan.actions,
+        vec![
+            failure(&c, FailureKind::Unproven, NO_RECORD),
+            delete_pod(2, DeleteWhy::Failed),
+        ]
+    );
+}
+
+#[test]
+fn a_completion_record_proves_the_drain_while_a_sidecar_keeps_the_pod_running() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    // The drain container exited 0 with its record; an injected proxy still runs.
+    drain_of(&mut pod).completion = Some(BTreeMap::from([(c.name.clone(), c.uid.clone())]));
+    let proven = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(
+        proven.actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&c])
+            },
+            delete_pod(2, DeleteWhy::Succeeded),
+        ]
+    );
+    // Under exit-code the running pod has not finished.
+    let running = plan(&snap(2, vec![c], vec![pod]), &exit_code(), t(0));
+    assert!(
+        !running
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteClaims { .. })),
+        "{:?}",
+        running.actions
     );
 }
