@@ -228,6 +228,29 @@ fn pod_settings(meta: &ObjectMeta) -> Option<PodSettings> {
     })
 }
 
+/// The regular containers still running after another regular container exited 0.
+fn lingering(pod: &Pod) -> Vec<String> {
+    let statuses: Vec<&ContainerStatus> = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .collect();
+    let one_done = statuses.iter().any(|c| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    });
+    if !one_done {
+        return Vec::new();
+    }
+    statuses
+        .iter()
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
 /// Whether the pod has a `DisruptionTarget` condition: something asked it to stop (an
 /// eviction, a preemption, its node shutting down).
 fn disrupted(pod: &Pod) -> bool {
@@ -332,6 +355,7 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             disrupted: disrupted(pod),
             kill_probes: kill_probes(pod),
             settings: pod_settings(meta),
+            lingering: lingering(pod),
             started,
             running,
             restarts,

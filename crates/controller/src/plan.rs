@@ -160,6 +160,9 @@ pub struct DrainPod {
     pub kill_probes: bool,
     /// The set's settings when it was created (absent on pods of older controllers).
     pub settings: Option<PodSettings>,
+    /// Regular containers still running after another regular container exited 0 (an
+    /// injected mesh proxy, a log shipper): they keep the pod from ending.
+    pub lingering: Vec<String>,
     /// Whether any of its containers ever ran.
     pub started: bool,
     /// Whether any of its containers is running now.
@@ -618,6 +621,9 @@ pub enum OrdinalState {
         /// The progress the drain pod publishes, if it does.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         progress: Option<DrainProgress>,
+        /// Something the user should know about this drain (a container that never exits).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
     },
     /// The drain pod cannot start or crash-loops; it is replaced.
     Stuck {
@@ -1289,10 +1295,37 @@ impl<'a> Planner<'a> {
                 series: ord.series.clone(),
             });
         }
+        let note = self.lingering(ord, pod, drain);
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
             progress: drain.progress.clone(),
+            note,
         })
+    }
+
+    /// A drain pod kept running, without proof, by containers that do not exit after another
+    /// exited 0 (a mesh proxy): said in the status, and once in a Warning, instead of holding
+    /// the slot silently until the deadline.
+    fn lingering(&mut self, ord: &Ordinal<'_>, pod: &PodObs, drain: &DrainPod) -> Option<String> {
+        if drain.lingering.is_empty() {
+            return None;
+        }
+        let note = format!(
+            "containers {} still run after another exited 0 without proof it finished, so drain \
+             pod {} does not end (an injected proxy or log shipper?): have the drain write its \
+             completion record, or keep such sidecars out of drain pods (README: Sidecars)",
+            drain.lingering.join(", "),
+            pod.name
+        );
+        let told = matches!(ord.previous, Some(OrdinalState::Draining { note: Some(n), .. }) if *n == note);
+        if !told {
+            self.act(Action::Warn {
+                ordinal: ord.ordinal,
+                reason: "DrainPodNotEnding",
+                message: note.clone(),
+            });
+        }
+        Some(note)
     }
 
     /// A stuck drain pod is a failed attempt: counted, and the pod goes.
@@ -1533,6 +1566,7 @@ impl<'a> Planner<'a> {
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
             progress: drain.progress.clone(),
+            note: None,
         })
     }
 
@@ -1647,6 +1681,7 @@ impl<'a> Planner<'a> {
                 OrdinalState::Draining {
                     attempt,
                     progress: None,
+                    note: None,
                 },
             );
             if let Some(deadline) = self.deadline_of(&DrainRecord {

@@ -84,6 +84,7 @@ mod tests {
                 OrdinalState::Draining {
                     attempt: 2,
                     progress: None,
+                    note: None,
                 },
             ),
             (

@@ -221,3 +221,54 @@ async fn a_native_sidecars_restarts_do_not_make_a_healthy_drain_stuck() -> Resul
     ensure!(events(&ns, "DrainStuck").await?.is_empty());
     Ok(())
 }
+
+/// Under the exit-code proof a drain pod whose proxy never exits can never succeed: the status
+/// and a Warning say so (once), and the claim stays.
+#[tokio::test]
+async fn under_exit_code_a_drain_pod_kept_running_by_its_proxy_says_so() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "flight-mesh-exit").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let template = edited(
+        &e2e::objects::drain_template_without_record("true", &["data"], json!({})),
+        |t| {
+            t["spec"]["containers"]
+                .as_array_mut()
+                .expect("containers")
+                .push(json!({
+                    "name": "proxy", "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done"],
+                }));
+        },
+    );
+    start_set(
+        &ns,
+        &SetBuilder::new("web")
+            .annotation(DRAINER_POD_TEMPLATE, template)
+            .annotation(drain_api::annotations::SUCCESS_PROOF, "exit-code"),
+    )
+    .await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let uid = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 2).await?;
+    let said = wait_event(&ns, "web", "DrainPodNotEnding").await?;
+    ensure!(said.iter().any(|e| e.contains("proxy")), "{said:?}");
+    let status = wait_ordinal_state(&ns, "web", 2, "draining").await?;
+    ensure!(
+        status["ordinals"]["2"]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("proxy")),
+        "{status}"
+    );
+    hold(
+        HOLD,
+        "the claim stays, and the Warning is not repeated",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &uid).await?;
+            ensure!(events(&ns, "DrainPodNotEnding").await?.len() == 1);
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(())
+}

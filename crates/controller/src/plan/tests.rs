@@ -74,6 +74,7 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             disrupted: false,
             kill_probes: false,
             settings: None,
+            lingering: Vec::new(),
             started: phase != DrainPhase::Pending,
             running: phase == DrainPhase::Running,
             restarts: 0,
@@ -244,7 +245,8 @@ fn orphaned_claim_gets_a_drain_pod() {
         plan.status[&2],
         OrdinalState::Draining {
             attempt: 1,
-            progress: None
+            progress: None,
+            note: None,
         }
     );
 }
@@ -360,7 +362,8 @@ fn a_running_drain_holds_the_only_slot() {
         plan.status[&2],
         OrdinalState::Draining {
             attempt: 1,
-            progress: None
+            progress: None,
+            note: None,
         }
     );
 }
@@ -1884,7 +1887,8 @@ fn published_progress_is_copied_into_the_status() {
         plan.status[&2],
         OrdinalState::Draining {
             attempt: 1,
-            progress: Some(p)
+            progress: Some(p),
+            note: None,
         }
     );
     assert_eq!(
@@ -2143,7 +2147,8 @@ fn a_drain_pod_whose_series_was_not_recorded_records_it_from_its_creation(
         plan.status[&2],
         OrdinalState::Draining {
             attempt: 1,
-            progress: None
+            progress: None,
+            note: None,
         }
     );
 }
@@ -2315,4 +2320,38 @@ fn a_completion_record_proves_the_drain_while_a_sidecar_keeps_the_pod_running() 
         "{:?}",
         running.actions
     );
+}
+
+#[test]
+fn a_drain_pod_kept_running_by_a_container_that_never_exits_says_so_once() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    // The drain container exited 0 without a record (exit-code image); a proxy runs on.
+    drain_of(&mut pod).lingering = vec!["proxy".to_owned()];
+    let first = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &exit_code(),
+        t(0),
+    );
+    let Some(Action::Warn {
+        reason, message, ..
+    }) = first.actions.first()
+    else {
+        panic!("{:?}", first.actions)
+    };
+    assert_eq!(*reason, "DrainPodNotEnding");
+    assert!(message.contains("proxy"), "{message}");
+    let OrdinalState::Draining {
+        note: Some(note), ..
+    } = &first.status[&2]
+    else {
+        panic!("{:?}", first.status)
+    };
+    assert_eq!(note, message);
+    // Told once: the next reconcile reports it in the status only.
+    let mut again = snap(2, vec![c], vec![pod]);
+    again.previous = first.status.clone();
+    let second = plan(&again, &exit_code(), t(1));
+    assert!(second.actions.is_empty(), "{:?}", second.actions);
+    assert_eq!(second.status, first.status);
 }
