@@ -118,7 +118,8 @@ pub struct Context {
     claim_index: Index,
     recorder: Recorder,
     config: ControllerConfig,
-    failures: Mutex<HashMap<SetId, u32>>,
+    /// Failed reconciles in a row, by set ([`next_failure`]).
+    failures: Mutex<HashMap<SetId, Failures>>,
     /// The sets whose last live read before a drain pod's create did not confirm it (it failed,
     /// or showed the ordinal back in range): their creates wait for the read until one confirms
     /// ([`Cluster::confirm_first`]).
@@ -1706,13 +1707,12 @@ async fn dry_run<K: ServedSet>(
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).
 fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
     let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-    let n = {
+    let delay = {
         let mut failures = ctx.failures.lock().expect("failures lock");
-        let n = failures
-            .entry((K::KIND, ns.clone(), name.clone()))
-            .or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+        let key = (K::KIND, ns.clone(), name.clone());
+        let (now, delay) = next_failure(failures.get(&key).copied(), std::time::Instant::now());
+        failures.insert(key, now);
+        delay
     };
     ctx.forget_if_gone(K::KIND, &ns, &name);
     ctx.metrics
@@ -1727,9 +1727,39 @@ fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Re
             reason: err.reason().to_owned(),
         })
         .inc();
-    let delay = plan::backoff(n, Duration::from_secs(1), Duration::from_secs(300));
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
     Requeue::requeue(delay)
+}
+
+/// A set's failed reconciles in a row, and when the retry the last one scheduled is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failures {
+    /// Failures counted toward the backoff.
+    count: u32,
+    /// When the scheduled retry is due.
+    retry_at: std::time::Instant,
+}
+
+/// The count and the delay after a reconcile failed at `now`: the backoff (1 s doubling to
+/// 5 min) grows only with failures of retries that were due, not with failures of reconciles
+/// that watch events brought in between, which keep the retry already scheduled. Otherwise a
+/// burst of events during one denial (a drain pod's status changes, the other ordinals) would
+/// push the next retry minutes past the denial's end.
+fn next_failure(last: Option<Failures>, now: std::time::Instant) -> (Failures, Duration) {
+    match last {
+        Some(last) if now < last.retry_at => (last, last.retry_at - now),
+        _ => {
+            let count = last.map_or(1, |l| l.count.saturating_add(1));
+            let delay = plan::backoff(count, Duration::from_secs(1), Duration::from_secs(300));
+            (
+                Failures {
+                    count,
+                    retry_at: now + delay,
+                },
+                delay,
+            )
+        }
+    }
 }
 
 #[cfg(test)]

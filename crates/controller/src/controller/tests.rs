@@ -613,3 +613,33 @@ fn a_stop_waits_for_reconciles_only_once_the_sets_and_caches_have_synced() {
     assert!(halt_at_once(true, false));
     assert!(!halt_at_once(true, true));
 }
+
+#[test]
+fn a_reconcile_failing_during_its_backoff_does_not_double_it() {
+    let t0 = std::time::Instant::now();
+    let s = Duration::from_secs;
+    let (first, delay) = next_failure(None, t0);
+    assert_eq!((first.count, delay), (1, s(1)));
+    // Watch events bring reconciles that fail again before the retry is due: the retry keeps
+    // its time and the count does not grow.
+    let mut last = first;
+    for ms in [100, 300, 900] {
+        let (again, delay) = next_failure(Some(last), t0 + Duration::from_millis(ms));
+        assert_eq!(again, first);
+        assert_eq!(delay, s(1) - Duration::from_millis(ms));
+        last = again;
+    }
+    // The due retry fails: the backoff doubles from then.
+    let (second, delay) = next_failure(Some(last), t0 + s(1));
+    assert_eq!((second.count, delay), (2, s(2)));
+    let (third, delay) = next_failure(Some(second), t0 + s(3));
+    assert_eq!((third.count, delay), (3, s(4)));
+    // Capped at 5 minutes.
+    let mut at = t0 + s(3);
+    let mut f = third;
+    for _ in 0..20 {
+        at = f.retry_at;
+        f = next_failure(Some(f), at).0;
+    }
+    assert_eq!(f.retry_at - at, s(300));
+}
