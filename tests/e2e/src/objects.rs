@@ -206,3 +206,11 @@ pub fn drain_template_without_record(script: &str, claims: &[&str], extra_spec: 
     }
     json!({"metadata": {"labels": {"role": "drain"}}, "spec": spec}).to_string()
 }
+
+/// A drain template's JSON (as [`drain_template`] makes it) with `edit` applied to its parsed
+/// value: a probe, a second container, a volume.
+pub fn edit_template(template: &str, edit: impl FnOnce(&mut Value)) -> String {
+    let mut t: Value = serde_json::from_str(template).expect("a drain template is JSON");
+    edit(&mut t);
+    t.to_string()
+}

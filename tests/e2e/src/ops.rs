@@ -68,6 +68,20 @@ pub fn pod_names(set: &str, ordinals: impl IntoIterator<Item = i32>) -> Vec<Stri
     ordinals.into_iter().map(|o| pod_name(set, o)).collect()
 }
 
+/// Replaces the set's drain template annotation (what `kubectl annotate --overwrite` does).
+pub async fn set_drain_template(ns: &TestNamespace, set: &str, template: String) -> Result<()> {
+    ns.api::<StatefulSet>()
+        .patch(
+            set,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                drain_api::annotations::DRAINER_POD_TEMPLATE: template
+            }}})),
+        )
+        .await?;
+    Ok(())
+}
+
 /// Sets `spec.replicas` (what `kubectl scale` does).
 pub async fn scale(ns: &TestNamespace, set: &str, replicas: i32) -> Result<()> {
     ns.api::<StatefulSet>()

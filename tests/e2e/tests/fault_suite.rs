@@ -27,7 +27,7 @@ use drain_api::names::{claim_name, pod_name};
 use e2e::faults::{
     DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, value_of, write_records,
 };
-use e2e::objects::{SetBuilder, drain_template};
+use e2e::objects::{SetBuilder, drain_template, edit_template};
 use e2e::ops::*;
 use e2e::suite::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -420,12 +420,9 @@ fn probed_drain_template(
         &["data"],
         json!({"restartPolicy": restart_policy}),
     );
-    let mut template: serde_json::Value = serde_json::from_str(&template)?;
-    let container = template["spec"]["containers"][0]
-        .as_object_mut()
-        .context("the drain template's container")?;
-    container.insert(probe.0.to_owned(), probe.1);
-    Ok(template.to_string())
+    Ok(edit_template(&template, |t| {
+        t["spec"]["containers"][0][probe.0] = probe.1;
+    }))
 }
 
 /// Drains stopped by the kubelet, not by a delete (issue 21 §2): each claim's first drain run

@@ -13,23 +13,16 @@ use anyhow::{Result, ensure};
 use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE};
 use drain_api::claim_annotations::APPROVED;
 use e2e::faults::*;
-use e2e::objects::{BUSYBOX, SetBuilder, drain_template};
+use e2e::objects::{BUSYBOX, SetBuilder, drain_template, edit_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// How long a test watches to show that something does not happen.
 const HOLD: Duration = Duration::from_secs(6);
-
-/// A drain template's JSON with `edit` applied to its parsed value.
-fn edited(template: &str, edit: impl FnOnce(&mut Value)) -> String {
-    let mut t: Value = serde_json::from_str(template).expect("template JSON");
-    edit(&mut t);
-    t.to_string()
-}
 
 /// A drain waiting for approval keeps waiting when its set opts out (the template annotation
 /// removed): the setting it started under travels with its drain pod.
@@ -85,7 +78,7 @@ async fn templates_that_mount_a_peers_claim_or_only_an_init_containers_are_refus
     let ns = TestNamespace::new(&client, "flight-templates").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
     let good = drain_template("true", &["data"], json!({}));
-    let peer = edited(&good, |t| {
+    let peer = edit_template(&good, |t| {
         t["spec"]["volumes"] =
             json!([{"name": "peer", "persistentVolumeClaim": {"claimName": "data-web-0"}}]);
         t["spec"]["containers"][0]["volumeMounts"]
@@ -113,14 +106,14 @@ async fn templates_that_mount_a_peers_claim_or_only_an_init_containers_are_refus
     hold(HOLD, "no drain pod on a peer's claim", no_drain_pod).await?;
 
     // The claim mounted only by an init container: nothing decides its drain.
-    let init_only = edited(&good, |t| {
+    let init_only = edit_template(&good, |t| {
         let mounts = t["spec"]["containers"][0]["volumeMounts"].take();
         t["spec"]["initContainers"] = json!([{
             "name": "copy", "image": BUSYBOX, "imagePullPolicy": "Never",
             "command": ["true"], "volumeMounts": mounts,
         }]);
     });
-    patch_template(&ns, init_only).await?;
+    set_drain_template(&ns, "web", init_only).await?;
     let unmounted = wait_event(&ns, "web", "ClaimNotMounted").await?;
     ensure!(
         unmounted.iter().any(|e| e.contains("init container")),
@@ -128,20 +121,9 @@ async fn templates_that_mount_a_peers_claim_or_only_an_init_containers_are_refus
     );
     hold(HOLD, "no drain pod without a deciding mount", no_drain_pod).await?;
 
-    patch_template(&ns, good).await?;
+    set_drain_template(&ns, "web", good).await?;
     wait_claim_gone(&ns, "data-web-2", T).await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
-    Ok(())
-}
-
-async fn patch_template(ns: &TestNamespace, template: String) -> Result<()> {
-    ns.api::<StatefulSet>()
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {DRAINER_POD_TEMPLATE: template}}})),
-        )
-        .await?;
     Ok(())
 }
 
@@ -153,7 +135,7 @@ async fn a_sidecar_that_never_exits_does_not_hold_a_finished_drain() -> Result<(
     let client = client().await;
     let ns = TestNamespace::new(&client, "flight-mesh").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
-    let template = edited(&drain_template("sleep 1", &["data"], json!({})), |t| {
+    let template = edit_template(&drain_template("sleep 1", &["data"], json!({})), |t| {
         t["spec"]["containers"]
             .as_array_mut()
             .expect("containers")
@@ -184,7 +166,7 @@ async fn a_native_sidecars_restarts_do_not_make_a_healthy_drain_stuck() -> Resul
     let ns = TestNamespace::new(&client, "flight-sidecar").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
     let wait_for_go = "while [ ! -f /data/go ]; do sleep 0.2; done";
-    let template = edited(&drain_template(wait_for_go, &["data"], json!({})), |t| {
+    let template = edit_template(&drain_template(wait_for_go, &["data"], json!({})), |t| {
         t["spec"]["initContainers"] = json!([{
             "name": "shipper", "image": BUSYBOX, "imagePullPolicy": "Never",
             "restartPolicy": "Always", "command": ["sh", "-c", "sleep 0.3; exit 1"],
@@ -229,7 +211,7 @@ async fn under_exit_code_a_drain_pod_kept_running_by_its_proxy_says_so() -> Resu
     let client = client().await;
     let ns = TestNamespace::new(&client, "flight-mesh-exit").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
-    let template = edited(
+    let template = edit_template(
         &e2e::objects::drain_template_without_record("true", &["data"], json!({})),
         |t| {
             t["spec"]["containers"]

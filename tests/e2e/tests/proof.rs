@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use drain_api::annotations;
 use e2e::faults::*;
-use e2e::objects::{SetBuilder, drain_template, drain_template_without_record};
+use e2e::objects::{SetBuilder, drain_template, drain_template_without_record, edit_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -37,9 +36,7 @@ const WAIT_FOR_GO: &str = "while [ ! -f /data/go ]; do sleep 0.2; done";
 
 /// `template` (a drain template's JSON) with `probe` (e.g. `livenessProbe`) on its container.
 fn with_probe(template: &str, probe: &str, spec: Value) -> String {
-    let mut t: Value = serde_json::from_str(template).expect("template JSON");
-    t["spec"]["containers"][0][probe] = spec;
-    t.to_string()
+    edit_template(template, |t| t["spec"]["containers"][0][probe] = spec)
 }
 
 /// A probe that fails once `/tmp/die` exists in the container, checked every second.
@@ -49,19 +46,6 @@ fn dies_on_marker() -> Value {
         "periodSeconds": 1,
         "failureThreshold": 1,
     })
-}
-
-async fn set_template(ns: &TestNamespace, set: &str, template: String) -> Result<()> {
-    ns.api::<StatefulSet>()
-        .patch(
-            set,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                annotations::DRAINER_POD_TEMPLATE: template
-            }}})),
-        )
-        .await?;
-    Ok(())
 }
 
 /// Until a drain pod other than `first_uid` holds `pod`, the claim stays untouched; returns the
@@ -169,7 +153,7 @@ async fn a_completion_record_that_names_other_claims_or_is_missing_proves_nothin
         "{named:?}"
     );
     // No record at all: the next attempt fails too, and retrying stops (2 attempts).
-    set_template(
+    set_drain_template(
         &ns,
         "web",
         drain_template_without_record("true", &["data"], never.clone()),
@@ -188,7 +172,7 @@ async fn a_completion_record_that_names_other_claims_or_is_missing_proves_nothin
     })
     .await?;
     // A drain that writes its record (and a new template starts a new series): drained.
-    set_template(&ns, "web", drain_template("true", &["data"], never)).await?;
+    set_drain_template(&ns, "web", drain_template("true", &["data"], never)).await?;
     wait_claim_gone(&ns, "data-web-2", T).await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
@@ -228,7 +212,7 @@ async fn under_exit_code_a_drain_template_with_a_liveness_probe_is_refused() -> 
     })
     .await?;
     // Fixed: an image that only exits 0 is enough under this proof.
-    set_template(&ns, "web", plain).await?;
+    set_drain_template(&ns, "web", plain).await?;
     wait_claim_gone(&ns, "data-web-2", T).await?;
     Ok(())
 }
