@@ -126,6 +126,7 @@ pub mod pod_annotations {
 
 pub mod completion;
 pub mod progress;
+pub mod record;
 
 /// Labels the controller puts on each drain pod it creates.
 pub mod labels {

@@ -92,7 +92,7 @@ async fn run(mode: &str, count: usize, size: usize) -> (Duration, u64) {
         if mode == "plain" {
             tokio::spawn(plain_receiver(listener, dir));
         } else {
-            let store = datastore::Store::open(&dir).unwrap();
+            let store = datastore::Store::open_as(&dir, "bench").unwrap();
             tokio::spawn(datastore::http::serve(
                 listener,
                 store,

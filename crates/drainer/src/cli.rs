@@ -230,6 +230,11 @@ pub struct RebalanceArgs {
     #[arg(long, env = "DRAINER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
+    /// This pod's own server, which releases a record once its owner holds it (`POST
+    /// /records/{key}/release`). Default: `http://127.0.0.1:<peer-port>`.
+    #[arg(long, env = "DRAINER_LOCAL_URL")]
+    pub local_url: Option<url::Url>,
+
     /// Time between passes; 0 runs one pass and exits.
     #[arg(long, env = "DRAINER_REBALANCE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub interval: Duration,

@@ -146,7 +146,7 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
     tracing::info!(
         records = summary.records,
         bytes = summary.bytes,
-        already_there = summary.already_there,
+        newer_there = summary.newer_there,
         skipped = ?summary.skipped,
         rounds = summary.rounds,
         "drain done"
@@ -267,8 +267,14 @@ async fn run_rebalance(drain: &DrainContext, args: RebalanceArgs) -> Result<i32,
     let target = target(&drain, &args.peers)?;
     let own = target.drained_ordinal;
     let source = KubePeers::new(target);
+    let local = match args.local_url {
+        Some(url) => url,
+        None => url::Url::parse(&format!("http://127.0.0.1:{}", args.peers.peer_port))
+            .expect("a loopback URL with a port parses"),
+    };
     let options = rebalance::Options {
         data_dir: args.data_dir,
+        local,
         concurrency: args.concurrency as usize,
         max_rate: args.max_rate,
         idle_timeout: args.idle_timeout,
@@ -285,7 +291,7 @@ async fn run_rebalance(drain: &DrainContext, args: RebalanceArgs) -> Result<i32,
             Ok(pass) if pass.moved + pass.deferred + pass.recovered > 0 => {
                 tracing::info!(
                     moved = pass.moved,
-                    already_there = pass.already_there,
+                    newer_there = pass.newer_there,
                     deferred = pass.deferred,
                     recovered = pass.recovered,
                     "rebalance pass"

@@ -3,25 +3,34 @@
 //! After a scale-down the drain put the drained ordinal's keys on the remaining pods. When the
 //! set is scaled up again the returning ordinals own those keys once more (by
 //! [`placement::owner`](crate::placement::owner) over the live members), but they sit on the
-//! pods that received them. `drainer rebalance`, run next to the app in each pod (a sidecar,
-//! every `--interval`), sends each record whose owner is another live member to it, so a
-//! client that routes by the same hash finds every key. The same happens after a drain that a
-//! scale-up cancelled: what the drain had moved goes back to the returning pod.
+//! pods that received them, or were written there by clients meanwhile. `drainer rebalance`,
+//! run next to the app in each pod (a sidecar, every `--interval`), hands each record whose
+//! owner is another live member over to it, so a client that routes by the same hash finds
+//! every key. The same happens after a drain that a scale-up cancelled: the returning pod holds
+//! its old copies, and the newer writes clients made on the interim owners replace them.
 //!
-//! Each record is first *claimed*: its file is renamed to `.rebalance-<key>` (the datastore
-//! neither lists nor serves dot files), then streamed to its owner with the same create-only
-//! `PUT` as a drain ([`transfer`](crate::redistribute::transfer)). Only when the owner stored it
-//! or already held the key (`412`: its value wins) is the claimed file deleted; otherwise it is
-//! put back, unless a newer write of the key arrived meanwhile, which then wins. A claimed file
-//! left by a crash is put back (or dropped for a newer one) on the next pass. A pod that is not
-//! a live member itself (being scaled down) moves nothing: its drain does that.
+//! Each record (a value or a tombstone) is sent with its version, as a drain sends it
+//! ([`transfer`](crate::redistribute::transfer)); the owner keeps the newer copy. Once the owner
+//! answered that it holds this version or a newer one, the local copy is *released* through
+//! the local server (`POST /records/{key}/release` with the version): the server removes it
+//! only if it is still that version, under the same lock as its writes, so a client's write
+//! that arrived meanwhile stays (and moves on the next pass). Nothing here renames or deletes
+//! a file the server may be writing. A pod that is not a live member itself (being scaled
+//! down) moves nothing: its drain does that.
+//!
+//! Earlier versions claimed a record by renaming it to `.rebalance-<key>` before sending it;
+//! such a file left by a crash is handed to the local server (which keeps the newer copy) and
+//! then removed, and a drain puts it back the same way before it starts.
 
 use std::fs;
 use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+use drain_api::record::{Header, VERSION_HEADER, Version};
 use futures::StreamExt;
+use reqwest::StatusCode;
+use url::Url;
 
 use crate::peers::{PeerSet, PeerSource};
 use crate::placement;
@@ -29,7 +38,7 @@ use crate::redistribute::rate::RateLimiter;
 use crate::redistribute::transfer::{self, Delivered};
 use crate::redistribute::{RedistributeError, list_records};
 
-/// Prefix of a record file claimed for a move.
+/// Prefix of a record file claimed for a move by an earlier version.
 pub const CLAIM_PREFIX: &str = ".rebalance-";
 
 /// How a rebalance pass runs.
@@ -37,6 +46,8 @@ pub const CLAIM_PREFIX: &str = ".rebalance-";
 pub struct Options {
     /// The pod's data directory (one file per record).
     pub data_dir: std::path::PathBuf,
+    /// The pod's own server (releases and recovered claims go there).
+    pub local: Url,
     /// Records in flight at once.
     pub concurrency: usize,
     /// Records sent per second at most; `0` is no limit.
@@ -48,28 +59,30 @@ pub struct Options {
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Pass {
-    /// Records handed to their owner (stored or already there) and deleted here.
+    /// Records handed to their owner (stored, or a newer write there) and released here.
     pub moved: u64,
-    /// Of those, the ones the owner already held.
-    pub already_there: u64,
-    /// Records whose owner is another member but not Ready, or that failed: left for later.
+    /// Of those, the ones whose owner held a newer write.
+    pub newer_there: u64,
+    /// Records whose owner is another member but not Ready, that failed, or that a newer write
+    /// here replaced meanwhile: left for later.
     pub deferred: u64,
-    /// Claimed files of an interrupted pass that were put back.
+    /// Claimed files of an earlier version's interrupted pass, handed back to the local server.
     pub recovered: u64,
     /// Whether this pod is a live member (a pod being scaled down moves nothing).
     pub member: bool,
 }
 
-/// One pass: put back claims of an interrupted pass, discover the members, move every record
-/// this pod (`own` ordinal, the "drained" ordinal of `peers`' target) does not own.
+/// One pass: hand claims of an interrupted earlier pass back, discover the members, move every
+/// record this pod (`own` ordinal, the "drained" ordinal of `peers`' target) does not own.
 pub async fn rebalance_once<P: PeerSource>(
     options: &Options,
     own: i32,
     peers: &P,
 ) -> Result<Pass, RedistributeError> {
     let dir = options.data_dir.as_path();
+    let http = transfer::client(options.idle_timeout).map_err(RedistributeError::HttpClient)?;
     let mut pass = Pass {
-        recovered: recover_claims(dir).await?,
+        recovered: recover_claims_through(&http, options, dir).await?,
         ..Pass::default()
     };
     let set = peers
@@ -100,19 +113,18 @@ pub async fn rebalance_once<P: PeerSource>(
         ?members,
         "moving records this pod does not own"
     );
-    let http = transfer::client(options.idle_timeout).map_err(RedistributeError::HttpClient)?;
     let limiter = RateLimiter::new(options.max_rate);
-    let results: Vec<Result<Option<Delivered>, RedistributeError>> = futures::stream::iter(moves)
+    let results: Vec<Option<Delivered>> = futures::stream::iter(moves)
         .map(|(key, owner)| move_one(options, &http, limiter.as_ref(), &set, key, owner))
         .buffer_unordered(options.concurrency.max(1))
         .collect()
         .await;
     for result in results {
-        match result? {
+        match result {
             Some(Delivered::Stored) => pass.moved += 1,
-            Some(Delivered::AlreadyThere) => {
+            Some(Delivered::NewerThere) => {
                 pass.moved += 1;
-                pass.already_there += 1;
+                pass.newer_there += 1;
             }
             None => pass.deferred += 1,
         }
@@ -120,7 +132,7 @@ pub async fn rebalance_once<P: PeerSource>(
     Ok(pass)
 }
 
-/// Claims, sends and deletes one record; `None` if it stays for a later pass.
+/// Hands one record over and releases it here; `None` if it stays for a later pass.
 async fn move_one(
     options: &Options,
     http: &reqwest::Client,
@@ -128,57 +140,94 @@ async fn move_one(
     set: &PeerSet,
     key: String,
     owner: i32,
-) -> Result<Option<Delivered>, RedistributeError> {
-    let Some(peer) = set.ready_peer(owner) else {
-        return Ok(None);
-    };
-    let dir = options.data_dir.as_path();
-    let path = dir.join(&key);
-    let claimed = dir.join(format!("{CLAIM_PREFIX}{key}"));
-    match fs::rename(&path, &claimed) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(RedistributeError::DeleteRecord { path, source }),
-    }
+) -> Option<Delivered> {
+    let peer = set.ready_peer(owner)?;
+    let path = options.data_dir.join(&key);
     if let Some(limiter) = limiter {
         limiter.wait_turn().await;
     }
     let url = transfer::record_url(&peer.url, &key);
-    match transfer::put_record(http, url, &claimed, options.idle_timeout).await {
-        Ok(Some((delivered, _))) => {
-            fs::remove_file(&claimed).map_err(|source| RedistributeError::DeleteRecord {
-                path: claimed,
-                source,
-            })?;
-            tracing::debug!(%key, peer = %peer.name, ?delivered, "record moved to its owner");
-            Ok(Some(delivered))
-        }
-        Ok(None) => Ok(None),
+    let handed = match transfer::put_record(http, url, &path, options.idle_timeout).await {
+        Ok(Some(handed)) => handed,
+        Ok(None) => return None,
         Err(e) => {
             tracing::warn!(%key, peer = %peer.name, error = %crate::error_chain(&e), "record not moved; it stays for a later pass");
-            put_back(&claimed, &path)?;
-            Ok(None)
+            return None;
+        }
+    };
+    match release(http, &options.local, &key, &handed.sent.version).await {
+        Ok(true) => {
+            tracing::debug!(%key, peer = %peer.name, delivered = ?handed.delivered, "record moved to its owner");
+            Some(handed.delivered)
+        }
+        Ok(false) => {
+            tracing::debug!(%key, "a newer write arrived here meanwhile; it moves on the next pass");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(%key, error = %e, "the owner holds the record but the local copy was not released; the next pass sends it again");
+            None
         }
     }
 }
 
-/// Moves a claimed file back to its record name, unless a newer write of the key is there:
-/// then the claimed (older) copy is dropped.
-fn put_back(claimed: &Path, path: &Path) -> Result<(), RedistributeError> {
-    let err = |source| RedistributeError::DeleteRecord {
-        path: claimed.to_path_buf(),
-        source,
-    };
-    // A hard link fails if the name exists: the put-back never replaces a newer record.
-    match fs::hard_link(claimed, path) {
-        Ok(()) => fs::remove_file(claimed).map_err(err),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => fs::remove_file(claimed).map_err(err),
-        Err(e) => Err(err(e)),
+/// Asks the local server to remove its copy of `key` if it is still of `version`: `true` if
+/// removed (or gone), `false` if a newer write is there.
+async fn release(
+    http: &reqwest::Client,
+    local: &Url,
+    key: &str,
+    version: &Version,
+) -> Result<bool, String> {
+    let mut url = transfer::record_url(local, key);
+    if let Ok(mut segments) = url.path_segments_mut() {
+        segments.push("release");
+    }
+    let response = http
+        .post(url)
+        .header(VERSION_HEADER, version.to_string())
+        .send()
+        .await
+        .map_err(|e| crate::error_chain(&e))?;
+    match response.status() {
+        StatusCode::OK | StatusCode::NO_CONTENT => Ok(true),
+        StatusCode::CONFLICT => Ok(false),
+        status => Err(format!("local server answered {status} to the release")),
     }
 }
 
-/// Puts back every claimed file an interrupted pass left; returns how many. A drain does this
-/// first too: a claimed file is a record, and must not stay behind on a claim about to go.
+/// Hands every claimed file an earlier version's interrupted pass left to the local server
+/// (which keeps the newer of it and its current copy) and removes it once acknowledged.
+async fn recover_claims_through(
+    http: &reqwest::Client,
+    options: &Options,
+    dir: &Path,
+) -> Result<u64, RedistributeError> {
+    let listing = list_records(dir).await?;
+    let mut recovered = 0;
+    for name in listing.skipped {
+        let Some(key) = name.strip_prefix(CLAIM_PREFIX) else {
+            continue;
+        };
+        let claimed = dir.join(&name);
+        let url = transfer::record_url(&options.local, key);
+        match transfer::put_record(http, url, &claimed, options.idle_timeout).await {
+            Ok(Some(_)) => {
+                remove(&claimed)?;
+                recovered += 1;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(file = %name, error = %crate::error_chain(&e), "claimed record not handed back yet");
+            }
+        }
+    }
+    Ok(recovered)
+}
+
+/// In a drain pod (nothing else writes the claim): puts every claimed file an earlier
+/// version's interrupted rebalance left back under its key, unless the record there is newer;
+/// returns how many. A claimed file is a record, and must not stay behind on a claim about to go.
 pub async fn recover_claims(dir: &Path) -> Result<u64, RedistributeError> {
     let listing = list_records(dir).await?;
     let mut recovered = 0;
@@ -192,35 +241,104 @@ pub async fn recover_claims(dir: &Path) -> Result<u64, RedistributeError> {
     Ok(recovered)
 }
 
+/// Moves a claimed file back to its record name if it is newer than the record there (or there
+/// is none); otherwise drops it.
+fn put_back(claimed: &Path, path: &Path) -> Result<(), RedistributeError> {
+    let err = |source| RedistributeError::DeleteRecord {
+        path: claimed.to_path_buf(),
+        source,
+    };
+    let claimed_version = header_at(claimed).map_err(err)?.map(|h| h.version);
+    let here = header_at(path).map_err(err)?.map(|h| h.version);
+    match (claimed_version, here) {
+        (Some(claimed_version), Some(here)) if claimed_version <= here => remove(claimed),
+        (Some(_), _) => fs::rename(claimed, path).map_err(err),
+        (None, _) => Ok(()),
+    }
+}
+
+/// The header of the record file at `path`, or `None` if there is none.
+fn header_at(path: &Path) -> io::Result<Option<Header>> {
+    use std::io::Read;
+    let file = match fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut prefix = Vec::new();
+    file.take(drain_api::record::HEADER_LEN as u64)
+        .read_to_end(&mut prefix)?;
+    Ok(Some(Header::of_file(&prefix).0))
+}
+
+fn remove(path: &Path) -> Result<(), RedistributeError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(RedistributeError::DeleteRecord {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drain_api::record::Kind;
+
+    fn versioned(millis: u64, value: &[u8]) -> Vec<u8> {
+        let header = Header {
+            kind: Kind::Value,
+            version: Version {
+                millis,
+                counter: 0,
+                node: "n".into(),
+            },
+        };
+        [&header.encode()[..], value].concat()
+    }
 
     #[test]
-    fn put_back_never_replaces_a_newer_record() {
+    fn put_back_keeps_the_newer_copy() {
         let dir = tempfile::tempdir().unwrap();
         let (claimed, path) = (dir.path().join(".rebalance-k"), dir.path().join("k"));
-        fs::write(&claimed, b"old").unwrap();
+        fs::write(&claimed, versioned(5, b"old")).unwrap();
         put_back(&claimed, &path).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"old");
+        assert_eq!(fs::read(&path).unwrap(), versioned(5, b"old"));
         assert!(!claimed.exists());
 
-        fs::write(&claimed, b"older").unwrap();
+        fs::write(&claimed, versioned(3, b"older")).unwrap();
         put_back(&claimed, &path).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"old", "the record there wins");
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            versioned(5, b"old"),
+            "the newer record there wins"
+        );
         assert!(!claimed.exists());
+
+        fs::write(&claimed, versioned(9, b"newest")).unwrap();
+        put_back(&claimed, &path).unwrap();
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            versioned(9, b"newest"),
+            "a claimed copy newer than the record there wins"
+        );
     }
 
     #[tokio::test]
     async fn claims_of_an_interrupted_pass_are_put_back() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(".rebalance-a"), b"1").unwrap();
-        fs::write(dir.path().join(".rebalance-b"), b"old").unwrap();
-        fs::write(dir.path().join("b"), b"new").unwrap();
+        fs::write(dir.path().join(".rebalance-b"), versioned(1, b"old")).unwrap();
+        fs::write(dir.path().join("b"), versioned(2, b"new")).unwrap();
         fs::write(dir.path().join(".tmp-x"), b"partial").unwrap();
         assert_eq!(recover_claims(dir.path()).await.unwrap(), 2);
         assert_eq!(fs::read(dir.path().join("a")).unwrap(), b"1");
-        assert_eq!(fs::read(dir.path().join("b")).unwrap(), b"new");
+        assert_eq!(
+            fs::read(dir.path().join("b")).unwrap(),
+            versioned(2, b"new")
+        );
         assert!(
             dir.path().join(".tmp-x").exists(),
             "other dot files are not ours"

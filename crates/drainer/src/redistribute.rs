@@ -6,15 +6,15 @@
 //! Names starting with `.` (unfinished writes) and a `lost+found` directory are skipped, and
 //! listed in the log and the [`Summary`].
 //!
-//! Each record is streamed to `<owner>/records/<key>` as a create-only `PUT`
-//! (`If-None-Match: *`; see [`transfer`] for the peer contract), the owner being
-//! [`placement::owner`](crate::placement::owner) over the set's live members. Its local file is
-//! deleted only after the owner stored it (`200`/`201`/`204`) or already held the key (`412`:
-//! clients wrote a newer value there after the scale-down, or an earlier attempt delivered it).
-//! The drain never overwrites a value on a peer.
+//! Each record is streamed to `<owner>/records/<key>` as a versioned handover `PUT` (see
+//! [`transfer`] for the peer contract), the owner being
+//! [`placement::owner`](crate::placement::owner) over the set's live members. The owner keeps
+//! the newer of its copy and this one (a value written there after the scale-down is newer and
+//! stays; a key deleted there stays deleted), and its local file is deleted only once the
+//! owner answered that it holds this version or a newer one.
 //!
 //! Restart-safe: a rerun lists the files still there and sends them again; one that was
-//! delivered but not yet deleted gets `412` and is deleted. The same holds inside one run,
+//! delivered but not yet deleted is acknowledged again and deleted. The same holds inside one run,
 //! which works in *rounds*: when an owner is not Ready or stops answering, its records wait,
 //! peers are discovered again after a backoff, and the next round retries what is left.
 //!
@@ -102,8 +102,8 @@ pub struct Summary {
     pub records: u64,
     /// Bytes of those records.
     pub bytes: u64,
-    /// Of those records, the ones the owner already held (`412`): not overwritten.
-    pub already_there: u64,
+    /// Of those records, the ones whose owner held a newer write of the key: not overwritten.
+    pub newer_there: u64,
     /// Entries of the data directory skipped by design (dot files, `lost+found`), left in place.
     pub skipped: Vec<String>,
     /// Rounds run (0 if the data directory held no records).
@@ -381,7 +381,7 @@ pub async fn redistribute<P: PeerSource>(
     Ok(Summary {
         records: progress.records,
         bytes: progress.bytes,
-        already_there: progress.already_there,
+        newer_there: progress.newer_there,
         skipped,
         rounds,
     })
@@ -401,7 +401,7 @@ fn log_peers(set: &PeerSet, round: usize) {
 /// What became of one record in a round.
 enum Outcome {
     /// Handed over and deleted locally.
-    Moved { bytes: u64, already_there: bool },
+    Moved { bytes: u64, newer_there: bool },
     /// Its file was gone already.
     Gone,
     /// Left for the next round, with the reason (`None`: its owner already failed this round).
@@ -441,7 +441,7 @@ impl Round<'_> {
             tokio::select! {
                 next = moves.next() => match next {
                     None => break,
-                    Some(Ok(Outcome::Moved { bytes, already_there })) => progress.moved(bytes, already_there),
+                    Some(Ok(Outcome::Moved { bytes, newer_there })) => progress.moved(bytes, newer_there),
                     Some(Ok(Outcome::Gone)) => {}
                     Some(Ok(Outcome::Deferred(reason))) => {
                         deferred += 1;
@@ -506,7 +506,9 @@ impl Round<'_> {
                 tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %crate::error_chain(e), "retrying put");
             })
             .await;
-        let (delivered, bytes) = match result {
+        let transfer::Handed {
+            delivered, bytes, ..
+        } = match result {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(Outcome::Gone),
             Err(source) if source.is_transient() => {
@@ -541,15 +543,12 @@ impl Round<'_> {
                 });
             }
         };
-        let already_there = delivered == Delivered::AlreadyThere;
-        if already_there {
-            tracing::info!(key = %name, peer = %peer.name, "owner already holds the key; its copy is kept and the local one is done");
+        let newer_there = delivered == Delivered::NewerThere;
+        if newer_there {
+            tracing::info!(key = %name, peer = %peer.name, "owner holds a newer write of the key; its copy is kept and the local one is done");
         }
         records::delete_record(&self.options.data_dir, &name).await?;
-        Ok(Outcome::Moved {
-            bytes,
-            already_there,
-        })
+        Ok(Outcome::Moved { bytes, newer_there })
     }
 
     fn is_down(&self, ordinal: i32) -> bool {

@@ -31,7 +31,7 @@ fn write_big(path: &std::path::Path, seed: u8) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_bigger_than_the_memory_budget_stream_through() {
     let store_dir = tempfile::tempdir().unwrap();
-    let store = datastore::Store::open(store_dir.path()).unwrap();
+    let store = datastore::Store::open_as(store_dir.path(), "datastore-0").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     tokio::spawn(datastore::http::serve(
@@ -61,7 +61,9 @@ async fn records_bigger_than_the_memory_budget_stream_through() {
     assert_eq!(summary.records, 2);
     assert_eq!(summary.bytes, 2 * RECORD);
     for (key, seed) in [("big-a", 3u8), ("big-b", 7u8)] {
-        let stored = std::fs::read(store_dir.path().join(key)).unwrap();
+        let file = std::fs::read(store_dir.path().join(key)).unwrap();
+        // The owner stores a versioned record: its header, then the value.
+        let stored = &file[drain_api::record::HEADER_LEN..];
         assert_eq!(stored.len() as u64, RECORD, "{key}");
         assert!(
             stored

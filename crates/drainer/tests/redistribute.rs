@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+use drain_api::record::VERSION_HEADER;
 use drainer::peers::{Peer, PeerSet, StaticPeers, Unavailable};
 use drainer::placement;
 use drainer::redistribute::{Options, RedistributeError, redistribute};
@@ -31,7 +32,7 @@ impl Datastore {
 
     async fn start_with(ordinal: i32, limits: datastore::http::Limits) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = datastore::Store::open(dir.path()).unwrap();
+        let store = datastore::Store::open_as(dir.path(), &format!("datastore-{ordinal}")).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -92,7 +93,8 @@ async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<Atomi
     (peer_at(ordinal, addr), hits)
 }
 
-/// A peer that accepts every `PUT` with `204` (storing nothing) and notes when each arrived.
+/// A peer that acknowledges every `PUT` with `204` and the version sent (storing nothing) and
+/// notes when each arrived.
 async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&arrivals);
@@ -100,10 +102,13 @@ async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
         "/records/{key}",
         // Reads the whole body before answering, as a peer must (answering first and closing
         // the connection would make the drainer see a broken upload and send it again).
-        axum::routing::put(move |_body: axum::body::Bytes| {
-            log.lock().unwrap().push(Instant::now());
-            async { StatusCode::NO_CONTENT }
-        }),
+        axum::routing::put(
+            move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                log.lock().unwrap().push(Instant::now());
+                let version = headers[VERSION_HEADER].clone();
+                async move { (StatusCode::NO_CONTENT, [(VERSION_HEADER, version)]) }
+            },
+        ),
     );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -205,6 +210,7 @@ async fn assert_peers_hold_exactly(
         let on_disk: BTreeSet<String> = std::fs::read_dir(server.dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|name| name != datastore::store::clock::CLOCK_FILE)
             .collect();
         assert_eq!(on_disk, held.keys().cloned().collect::<BTreeSet<_>>());
     }
@@ -234,7 +240,7 @@ async fn moves_every_record_to_its_owner_and_empties_the_directory() {
         all.values().map(|v| v.len() as u64).sum::<u64>()
     );
     assert_eq!(summary.rounds, 1);
-    assert_eq!(summary.already_there, 0);
+    assert_eq!(summary.newer_there, 0);
     assert_eq!(
         summary.skipped,
         [".tmp-unfinished", "lost+found"],
@@ -418,7 +424,9 @@ async fn retries_transient_failures() {
         "/records/{key}",
         axum::routing::put({
             let failures = Arc::clone(&failures);
-            move |axum::extract::Path(key): axum::extract::Path<String>, body: axum::body::Bytes| {
+            move |axum::extract::Path(key): axum::extract::Path<String>,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| {
                 let failures = Arc::clone(&failures);
                 let backend = backend.clone();
                 async move {
@@ -426,11 +434,22 @@ async fn retries_transient_failures() {
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok()
                     {
-                        return StatusCode::SERVICE_UNAVAILABLE;
+                        return (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            axum::http::HeaderMap::new(),
+                        );
                     }
-                    let client = datastore::Client::new(&backend).unwrap();
-                    client.put(&key, body.to_vec()).await.unwrap();
-                    StatusCode::NO_CONTENT
+                    // Passes the handover through to the real server, answer and all.
+                    let answer = reqwest::Client::new()
+                        .put(format!("{backend}/records/{key}"))
+                        .header(VERSION_HEADER, headers[VERSION_HEADER].as_bytes())
+                        .body(body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let mut out = axum::http::HeaderMap::new();
+                    out.insert(VERSION_HEADER, answer.headers()[VERSION_HEADER].clone());
+                    (answer.status(), out)
                 }
             }
         }),
@@ -610,7 +629,7 @@ async fn max_rate_caps_records_per_second_across_concurrent_puts() {
 }
 
 #[tokio::test]
-async fn a_key_the_owner_already_holds_is_never_overwritten() {
+async fn a_newer_write_on_the_owner_is_never_overwritten() {
     // After the scale-down clients write some keys to their new owner at once; the drain must
     // not put the old values over them. The same happens after a restart between an
     // acknowledged PUT and the local delete.
@@ -631,9 +650,51 @@ async fn a_key_the_owner_already_holds_is_never_overwritten() {
     let summary = redistribute(&options(data.path()), &peers).await.unwrap();
 
     assert_eq!(summary.records, 20);
-    assert_eq!(summary.already_there, 2);
+    assert_eq!(summary.newer_there, 2);
     assert!(local_records(data.path()).is_empty());
     assert_eq!(server.records().await, all, "the newer values are kept");
+}
+
+#[tokio::test]
+async fn an_older_copy_on_the_owner_is_replaced_and_a_delete_is_carried_over() {
+    // The owner holds old copies (written before the drained pod took newer writes of the same
+    // keys: an earlier scale-down whose drain was cancelled, then a rebalance): the drain's
+    // newer values and its tombstones replace them. The 412 rule kept the old copies and
+    // deleted the newer ones.
+    let server = Datastore::start(0).await;
+    let owner = datastore::Client::new(&format!("http://{}", server.addr)).unwrap();
+    let peers = StaticPeers(PeerSet::all_ready([server.peer()]));
+    let data = tempfile::tempdir().unwrap();
+    let drained = datastore::Store::open_as(data.path(), "datastore-1").unwrap();
+    let key = |k: &str| datastore::Key::parse(k).unwrap();
+    let mut want = BTreeMap::new();
+    for k in ["a", "b", "c", "gone"] {
+        owner.put(k, format!("old {k}")).await.unwrap();
+    }
+    // Later writes on the drained pod (its clock's readings come after the owner's).
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for k in ["a", "b"] {
+        drained
+            .put(key(k), format!("new {k}").into_bytes())
+            .await
+            .unwrap();
+        want.insert(k.to_owned(), format!("new {k}").into_bytes());
+    }
+    drained.delete(key("gone")).await.unwrap();
+    want.insert("c".to_owned(), b"old c".to_vec());
+    drop(drained);
+
+    let summary = redistribute(&options(data.path()), &peers).await.unwrap();
+
+    assert_eq!(summary.records, 3, "two values and one tombstone");
+    assert_eq!(summary.newer_there, 0);
+    assert!(local_records(data.path()).is_empty());
+    assert_eq!(server.records().await, want);
+    assert_eq!(
+        owner.get("gone").await.unwrap(),
+        None,
+        "the delete is carried over"
+    );
 }
 
 #[rstest::rstest]
@@ -641,8 +702,13 @@ async fn a_key_the_owner_already_holds_is_never_overwritten() {
 #[case::non_authoritative(StatusCode::NON_AUTHORITATIVE_INFORMATION)]
 #[case::reset_content(StatusCode::RESET_CONTENT)]
 #[case::redirect(StatusCode::TEMPORARY_REDIRECT)]
+#[case::old_create_only_contract(StatusCode::PRECONDITION_FAILED)]
+#[case::no_version_held(StatusCode::NO_CONTENT)]
+#[case::no_version_held_200(StatusCode::OK)]
 #[tokio::test]
-async fn only_200_201_204_and_412_count_as_handed_over(#[case] status: StatusCode) {
+async fn only_a_2xx_naming_a_version_at_least_the_one_sent_counts_as_handed_over(
+    #[case] status: StatusCode,
+) {
     let (peer, _) = fixed_status_peer(0, status).await;
     let peers = StaticPeers(PeerSet::all_ready([peer]));
     let data = tempfile::tempdir().unwrap();
@@ -785,6 +851,7 @@ async fn rebalance_moves_what_a_pod_does_not_own_to_its_owner_and_keeps_newer_va
     };
     let options = drainer::rebalance::Options {
         data_dir: servers[0].dir.path().to_path_buf(),
+        local: Url::parse(&format!("http://{}", servers[0].addr)).unwrap(),
         concurrency: 4,
         max_rate: 0,
         idle_timeout: Duration::from_secs(10),
@@ -794,7 +861,7 @@ async fn rebalance_moves_what_a_pod_does_not_own_to_its_owner_and_keeps_newer_va
         .unwrap();
 
     assert!(pass.member);
-    assert_eq!(pass.already_there, 1);
+    assert_eq!(pass.newer_there, 1);
     assert_eq!(pass.deferred, 0);
     let refs: Vec<&Datastore> = servers.iter().collect();
     assert_peers_hold_exactly(&refs, &all, &[0, 1, 2]).await;
@@ -803,6 +870,68 @@ async fn rebalance_moves_what_a_pod_does_not_own_to_its_owner_and_keeps_newer_va
         .await
         .unwrap();
     assert_eq!(again.moved, 0);
+}
+
+#[tokio::test]
+async fn after_a_cancelled_drain_the_interim_writes_and_deletes_replace_the_returning_owners_copies()
+ {
+    // The scenario, in one process: pod 2 holds v1 of its keys (its drain never ran);
+    // while it was gone clients wrote v2 of some keys and deleted others on their interim owner,
+    // pod 0; pod 2 is back. Pod 0's rebalance must leave v2 on pod 2 and the deleted keys
+    // deleted. The create-only rule got 412 and deleted v2.
+    let servers = [Datastore::start(0).await, Datastore::start(2).await];
+    let zero = datastore::Client::new(&format!("http://{}", servers[0].addr)).unwrap();
+    let two = datastore::Client::new(&format!("http://{}", servers[1].addr)).unwrap();
+    let keys: Vec<String> = records(60)
+        .into_keys()
+        .filter(|k| placement::owner(k, &[0, 2]) == 2)
+        .collect();
+    assert!(keys.len() > 10);
+    for k in &keys {
+        two.put(k, format!("v1 {k}")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut want = BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        match i % 3 {
+            0 => zero.delete(k).await.unwrap(),
+            1 => {
+                zero.put(k, format!("v2 {k}")).await.unwrap();
+                want.insert(k.clone(), format!("v2 {k}").into_bytes());
+            }
+            _ => {
+                want.insert(k.clone(), format!("v1 {k}").into_bytes());
+            }
+        }
+    }
+    let set = PeerSet {
+        drained_in_range: true,
+        ..PeerSet::all_ready([servers[1].peer()])
+    };
+    let options = drainer::rebalance::Options {
+        data_dir: servers[0].dir.path().to_path_buf(),
+        local: Url::parse(&format!("http://{}", servers[0].addr)).unwrap(),
+        concurrency: 4,
+        max_rate: 0,
+        idle_timeout: Duration::from_secs(10),
+    };
+    for _ in 0..2 {
+        drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(set.clone()))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        servers[1].records().await,
+        want,
+        "pod 2 holds the newest of each key"
+    );
+    assert!(servers[0].records().await.is_empty());
+    let on_zero: Vec<_> = std::fs::read_dir(servers[0].dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != datastore::store::clock::CLOCK_FILE)
+        .collect();
+    assert!(on_zero.is_empty(), "tombstones moved too: {on_zero:?}");
 }
 
 #[tokio::test]
@@ -815,6 +944,7 @@ async fn rebalance_moves_nothing_from_a_pod_being_scaled_down_or_to_an_owner_not
     }
     let options = drainer::rebalance::Options {
         data_dir: server.dir.path().to_path_buf(),
+        local: Url::parse(&format!("http://{}", server.addr)).unwrap(),
         concurrency: 4,
         max_rate: 0,
         idle_timeout: Duration::from_secs(10),

@@ -30,6 +30,11 @@ pub struct Args {
     )]
     pub max_concurrent_requests: NonZeroUsize,
 
+    /// This server's name in the versions it gives writes (unique among the servers that
+    /// exchange records: the pod's name). Default: the host name, which in a pod is its name.
+    #[arg(long, env = "DATASTORE_NODE_NAME")]
+    pub node_name: Option<String>,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub log_filter: String,

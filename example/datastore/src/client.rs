@@ -113,7 +113,25 @@ impl Client {
         Ok(Created::Created)
     }
 
-    /// The value of `key`, or `None` if the server has no such record.
+    /// Deletes `key`; returns once the server acknowledged a durable tombstone (which it keeps
+    /// even if it held no value of the key).
+    pub async fn delete(&self, key: &str) -> Result<(), ClientError> {
+        let op = "delete record";
+        let target = self.record_url(key);
+        let response = self
+            .http
+            .delete(target.clone())
+            .send()
+            .await
+            .map_err(|source| ClientError::Request {
+                op,
+                target: target.clone(),
+                source,
+            })?;
+        expect_success(op, target, response.status())
+    }
+
+    /// The value of `key`, or `None` if the server has no such record (or it was deleted).
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, ClientError> {
         let op = "get record";
         let target = self.record_url(key);

@@ -1,28 +1,41 @@
-//! The HTTP API: `PUT`/`GET /records/{key}`, `GET /records`, `GET /healthz`.
+//! The HTTP API: `PUT`/`GET`/`DELETE /records/{key}`, `POST /records/{key}/release`,
+//! `GET /records`, `GET /healthz`.
 //!
 //! # The peer contract
 //!
 //! This is also the contract a drainer relies on, for apps that implement the peer side
-//! themselves. To hand over a record, a drainer sends `PUT /records/{key}` with the record's
-//! bytes as body and the header `If-None-Match: *` (create only). The peer answers:
+//! themselves (see [`drain_api::record`] for the rule). Every copy of a key carries the version
+//! of the write that made it. To hand a copy over, a drainer sends `PUT /records/{key}` with
+//! the value as body and its version in `x-record-version` (a tombstone: `x-record-tombstone:
+//! 1`, empty body). The peer keeps whichever of its copy and the one sent has the higher
+//! version, atomically, and answers:
 //!
-//! - `200`, `201` or `204` only once the record is durable (it survives a crash of the peer);
-//! - `412 Precondition Failed` if it already holds the key: its copy is newer or the same, so the
-//!   drainer deletes its local copy without overwriting the peer's;
-//! - `413 Payload Too Large` if the record is larger than the peer accepts.
+//! - `204` with `x-record-version: <the version it now holds>`, only once that copy is durable
+//!   (it survives a crash of the peer); the drainer deletes its copy if that version is at least
+//!   the one it sent;
+//! - `413 Payload Too Large` if the value is larger than the peer accepts.
 //!
-//! Anything else (other statuses, a connection that breaks, no answer) is not an
-//! acknowledgement: the drainer keeps its copy and retries or fails.
+//! Anything else (other statuses, an answer without the version, a connection that breaks, no
+//! answer) is not an acknowledgement: the drainer keeps its copy and retries or fails.
+//!
+//! # Clients
+//!
+//! `PUT /records/{key}` without a version writes: the server gives the write a version higher
+//! than the key's copy here and answers it in `x-record-version`. With `If-None-Match: *` it
+//! only creates (`412` if the key has a value). `DELETE /records/{key}` leaves a versioned
+//! tombstone (`204`, even if the key had no value here). `GET` answers `404` for a deleted key.
+//! `POST /records/{key}/release` with `x-record-version` removes the copy here if it is still
+//! of that version (`204`; `409` with the version here if a newer write came): the rebalance
+//! sidecar's last step after the owner acknowledged the copy.
 //!
 //! # This server
 //!
 //! `PUT` streams the body into a temporary file (memory bounded by one chunk, not by the
 //! record's size), so a record is either wholly written or absent; a body that breaks off
-//! leaves neither a record nor a temporary file. Without `If-None-Match: *` a `PUT` overwrites.
-//! Bodies over [`Limits::max_record_bytes`] get `413`, at once when `Content-Length` says so,
-//! otherwise as soon as the streamed bytes exceed it. `GET /records/{key}` streams the file.
-//! A `500` answer names the operation and key but never a path or an OS error; the full error
-//! chain goes to the log.
+//! leaves neither a record nor a temporary file. Bodies over [`Limits::max_record_bytes`] get
+//! `413`, at once when `Content-Length` says so, otherwise as soon as the streamed bytes exceed
+//! it. `GET /records/{key}` streams the file. A `500` answer names the operation and key but
+//! never a path or an OS error; the full error chain goes to the log.
 
 mod concurrency;
 mod error;
@@ -37,13 +50,15 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::io::ReaderStream;
 
-use crate::store::{Created, Key, Store};
+use drain_api::record::{Header, Kind, TOMBSTONE_HEADER, VERSION_HEADER, Version};
+
+use crate::store::{Created, Key, Released, Store};
 use error::ApiError;
 
 /// Default of [`Limits::max_record_bytes`]: 1 GiB.
@@ -102,9 +117,11 @@ pub fn router_with(store: Store, limits: Limits) -> Router {
             "/records/{key}",
             get(get_record)
                 .put(put_record)
+                .delete(delete_record)
                 // `put_record` enforces `max_record_bytes` itself, while streaming.
                 .layer(DefaultBodyLimit::disable()),
         )
+        .route("/records/{key}/release", post(release_record))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::new(Semaphore::new(permits)),
             concurrency::limit,
@@ -140,7 +157,9 @@ async fn healthz() -> &'static str {
 }
 
 /// `PUT /records/{key}`: streams the body into a temporary file; `204` only once the record
-/// is durably on disk. `If-None-Match: *` makes it create-only (`412` if the key has a record).
+/// is durably on disk. With `x-record-version` it is a handover (the higher version stays, the
+/// answer names the version held); otherwise a client write (a new version, answered), or with
+/// `If-None-Match: *` a create (`412` if the key has a value).
 async fn put_record(
     State(state): State<AppState>,
     Path(key): Path<String>,
@@ -148,6 +167,7 @@ async fn put_record(
     body: Body,
 ) -> Result<Response, ApiError> {
     let key = Key::parse(&key)?;
+    let handover = handover_header(&key, &headers)?;
     let create_only = is_create_only(&headers);
     let limit = state.max_record_bytes;
     if content_length(&headers).is_some_and(|len| len > limit) {
@@ -167,10 +187,18 @@ async fn put_record(
         pending.write(&chunk).await?;
     }
     let bytes = pending.len();
+    if let Some(sent) = handover {
+        if sent.kind == Kind::Tombstone && bytes > 0 {
+            return Err(ApiError::TombstoneWithBody { key });
+        }
+        let held = pending.hand_over(sent.clone()).await?;
+        tracing::debug!(%key, bytes, sent = %sent.version, held = %held.version, "handover");
+        return Ok(held_response(StatusCode::NO_CONTENT, &held));
+    }
     if !create_only {
-        pending.commit().await?;
-        tracing::debug!(%key, bytes, "stored record");
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        let version = pending.commit().await?;
+        tracing::debug!(%key, bytes, %version, "stored record");
+        return Ok(version_response(StatusCode::NO_CONTENT, &version));
     }
     Ok(match pending.commit_new().await? {
         Created::Created => {
@@ -186,6 +214,84 @@ async fn put_record(
                 .into_response()
         }
     })
+}
+
+/// `DELETE /records/{key}`: a tombstone with a new version, durably; `204` with the version.
+async fn delete_record(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let key = Key::parse(&key)?;
+    let version = state.store.delete(key.clone()).await?;
+    tracing::debug!(%key, %version, "deleted record");
+    Ok(version_response(StatusCode::NO_CONTENT, &version))
+}
+
+/// `POST /records/{key}/release` with `x-record-version`: removes the copy here if it is still
+/// of that version (`204`), or keeps a newer one (`409` with its version).
+async fn release_record(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let key = Key::parse(&key)?;
+    let version =
+        version_of(&key, &headers)?.ok_or(ApiError::MissingVersion { key: key.clone() })?;
+    Ok(match state.store.release(key.clone(), &version).await? {
+        Released::Released | Released::Gone => StatusCode::NO_CONTENT.into_response(),
+        Released::Kept(held) => {
+            tracing::debug!(%key, released = %version, %held, "release refused: a newer write is here");
+            version_response(StatusCode::CONFLICT, &held)
+        }
+    })
+}
+
+/// The handed-over copy's header, if the request is a handover (`x-record-version` set).
+fn handover_header(key: &Key, headers: &HeaderMap) -> Result<Option<Header>, ApiError> {
+    let Some(version) = version_of(key, headers)? else {
+        return Ok(None);
+    };
+    let tombstone = headers
+        .get(TOMBSTONE_HEADER)
+        .is_some_and(|v| v.as_bytes().trim_ascii() == b"1");
+    let kind = if tombstone {
+        Kind::Tombstone
+    } else {
+        Kind::Value
+    };
+    Ok(Some(Header { kind, version }))
+}
+
+/// The `x-record-version` of the request, if any.
+fn version_of(key: &Key, headers: &HeaderMap) -> Result<Option<Version>, ApiError> {
+    let Some(value) = headers.get(VERSION_HEADER) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or_default();
+    text.parse()
+        .map(Some)
+        .map_err(|source| ApiError::BadVersion {
+            key: key.clone(),
+            source,
+        })
+}
+
+fn version_response(status: StatusCode, version: &Version) -> Response {
+    let mut response = status.into_response();
+    if let Ok(value) = HeaderValue::from_str(&version.to_string()) {
+        response.headers_mut().insert(VERSION_HEADER, value);
+    }
+    response
+}
+
+fn held_response(status: StatusCode, held: &Header) -> Response {
+    let mut response = version_response(status, &held.version);
+    if held.kind == Kind::Tombstone {
+        response
+            .headers_mut()
+            .insert(TOMBSTONE_HEADER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// Whether the request carries `If-None-Match: *`. Other `If-None-Match` values list entity
@@ -215,6 +321,8 @@ async fn get_record(
     let Some(record) = state.store.open_record(key).await? else {
         return Ok((StatusCode::NOT_FOUND, "no such record").into_response());
     };
+    let version = HeaderValue::from_str(&record.version.to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static(""));
     let body = Body::from_stream(ReaderStream::with_capacity(record.file, READ_CHUNK_BYTES));
     Ok((
         [
@@ -223,6 +331,7 @@ async fn get_record(
                 HeaderValue::from_static("application/octet-stream"),
             ),
             (header::CONTENT_LENGTH, HeaderValue::from(record.len)),
+            (header::HeaderName::from_static(VERSION_HEADER), version),
         ],
         body,
     )

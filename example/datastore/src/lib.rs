@@ -2,10 +2,10 @@
 //!
 //! Which server holds a key is the client's choice (the project's clients use
 //! `drainer::placement::owner` over the StatefulSet's ordinals); each server only stores what
-//! it is given. `PUT /records/{key}` answers `204` only after the record is durably on disk,
-//! which is what the drainer relies on before deleting its own copy; with `If-None-Match: *`
-//! it only creates, answering `412` if the key already has a record. [`http`] spells out this
-//! peer contract for apps that implement it themselves.
+//! it is given. Every write gets a version (a hybrid logical clock reading and the server's
+//! name, [`store::clock`]) kept with the record, and a delete leaves a versioned tombstone, so
+//! when copies of one key meet (a drain, a rebalance) the newest write wins. [`http`] spells
+//! out this peer contract for apps that implement it themselves.
 
 pub mod cli;
 pub mod client;
@@ -58,7 +58,11 @@ pub async fn run(args: cli::Args) -> Result<(), RunError> {
         max_concurrent_requests = args.max_concurrent_requests.get(),
         "starting datastore"
     );
-    let store = Store::open(&args.data_dir)?;
+    let store = match &args.node_name {
+        Some(node) => Store::open_as(&args.data_dir, node)?,
+        None => Store::open(&args.data_dir)?,
+    };
+    tracing::info!(node = store.node(), "versions name this server");
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|source| RunError::Listen {

@@ -51,9 +51,14 @@ async fn a_200_mib_record_streams_in_and_out() {
 
     // On disk: the size and every byte.
     let path = dir.path().join("big");
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), RECORD_BYTES);
+    let header = drain_api::record::HEADER_LEN as u64;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        header + RECORD_BYTES
+    );
     tokio::task::spawn_blocking(move || {
         let mut file = std::fs::File::open(path).unwrap();
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(header)).unwrap();
         let mut buf = vec![0u8; CHUNK_BYTES as usize];
         for i in 0..RECORD_BYTES / CHUNK_BYTES {
             file.read_exact(&mut buf).unwrap();

@@ -14,6 +14,12 @@ use reqwest::header::IF_NONE_MATCH;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The value part of a record file (after its header).
+fn value_on_disk(dir: &std::path::Path, key: &str) -> Vec<u8> {
+    let file = std::fs::read(dir.join(key)).unwrap();
+    file[drain_api::record::HEADER_LEN..].to_vec()
+}
+
 fn limits(max_record_bytes: u64, max_concurrent_requests: usize) -> Limits {
     Limits {
         max_record_bytes,
@@ -57,7 +63,7 @@ async fn create_only_answers_204_then_412_and_keeps_the_first_value() {
         .await
         .unwrap();
     assert_eq!(second.status(), StatusCode::PRECONDITION_FAILED);
-    assert_eq!(std::fs::read(dir.path().join("k")).unwrap(), b"first");
+    assert_eq!(value_on_disk(dir.path(), "k"), b"first");
 
     // The client's `create` says the same; a plain PUT still overwrites.
     let client = server.client();
@@ -90,7 +96,7 @@ async fn concurrent_creates_of_one_key_have_exactly_one_winner() {
         }
     }
     assert_eq!(winners.len(), 1, "winners: {winners:?}");
-    let value = std::fs::read(dir.path().join("contested")).unwrap();
+    let value = value_on_disk(dir.path(), "contested");
     assert_eq!(
         value,
         vec![winners[0]; 256 * 1024],
@@ -211,8 +217,5 @@ async fn over_the_concurrency_limit_requests_wait() {
         .expect("the second request still waits")
         .unwrap();
     assert_eq!(keys, ["slow"]);
-    assert_eq!(
-        std::fs::read(dir.path().join("slow")).unwrap(),
-        b"0123456789"
-    );
+    assert_eq!(value_on_disk(dir.path(), "slow"), b"0123456789");
 }

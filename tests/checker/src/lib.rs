@@ -25,7 +25,8 @@
 //!   pods with one name;
 //! - **I3** ([`unsettled`]): once faults stop, every orphaned claim of an opted-in set is drained
 //!   and deleted, and no drain pod, drain record annotation or finalizer of ours is left;
-//! - **I4** ([`records::check`]): every record written is readable exactly once afterwards.
+//! - **I4** ([`records::Writes::check`]): the newest write of every key is readable exactly
+//!   once afterwards, and a key whose newest write is a delete is held nowhere.
 
 pub mod history;
 pub mod invariants;

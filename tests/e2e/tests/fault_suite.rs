@@ -2,9 +2,9 @@
 //! scenario watched by the independent checker (`tests/checker`), which must find I1 (no claim
 //! deleted unless a drain told its completion naming it before), I2 (no stateful pod created on
 //! a claim being deleted, never two pods of one name) and I3 (everything settles once the
-//! faults stop) to hold, and for the example datastore I4 (every record readable exactly
-//! once). Each scenario prints its seed (`STSD_FAULT_SEED` replays it), the faults injected and
-//! the checker's verdict.
+//! faults stop) to hold, and for the example datastore I4 (the newest write of every key
+//! readable exactly once, a deleted key nowhere). Each scenario prints its seed
+//! (`STSD_FAULT_SEED` replays it), the faults injected and the checker's verdict.
 //!
 //! The drains tell their completion themselves: every drain script reports, as its very last
 //! step, to a witness the test runs (`e2e::witness`, through [`Checked::drain_script`]), and
@@ -18,14 +18,16 @@
 //! would disturb the scenarios running next to them).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use checker::records::{Outcome, Writes};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use drain_api::names::{claim_name, pod_name};
 use e2e::faults::{
-    DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, value_of, write_records,
+    DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, write_records,
 };
 use e2e::objects::{SetBuilder, drain_template, edit_template};
 use e2e::ops::*;
@@ -132,9 +134,10 @@ async fn the_controller_killed_at_random_instants_across_flapping_drains() -> Re
     Ok(())
 }
 
-/// Writes records (exactly once, I4) into the example datastore before and during a run in
-/// which it is scaled down, up again within seconds, to 0 and back, while the controller is
-/// killed at random instants.
+/// Writes records into the example datastore before and during a run in which it is scaled
+/// down, up again within seconds, to 0 and back, while the controller is killed at random
+/// instants; the writes overwrite and delete the same keys on different pods again and again,
+/// and I4 is judged on the newest write of each key.
 #[tokio::test]
 async fn every_datastore_record_survives_flapping_scales_and_controller_kills() -> Result<()> {
     const SCENARIO: &str = "datastore";
@@ -148,22 +151,19 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     apply_example(&ns, &[])?;
     wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
     let mut controller = ControllerProcess::start(&ns.name, &[]);
-    let acked = Arc::new(Mutex::new(
-        write_records(&ns, 300, |i| (i % 3) as i32).await?,
-    ));
-    let unanswered = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut writes = Writes::new();
+    let written = write_records(&ns, PREWRITTEN, |i| (i % 3) as i32).await?;
+    for (key, value) in written {
+        writes.put(key, value, Outcome::Acked);
+    }
 
-    // Clients keep writing to whichever pods run, as an application would.
-    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // A client keeps overwriting and deleting keys on whichever pods run, as an application
+    // would.
+    let writing = Arc::new(AtomicBool::new(true));
     let writer = tokio::spawn({
-        let (ns_name, acked, unanswered, writing) = (
-            ns.name.clone(),
-            Arc::clone(&acked),
-            Arc::clone(&unanswered),
-            Arc::clone(&writing),
-        );
-        let client = client.clone();
-        async move { write_while(client, ns_name, acked, unanswered, writing).await }
+        let (client, ns_name, writing) = (client.clone(), ns.name.clone(), Arc::clone(&writing));
+        let rng = Rng::for_scenario(&format!("{SCENARIO} writes"));
+        async move { write_while(client, ns_name, writes, rng, writing).await }
     });
 
     let steps: [(i32, u64); 7] = [
@@ -191,14 +191,17 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     }
     faults.print();
     checked.settle(SETTLE).await?;
-    writing.store(false, std::sync::atomic::Ordering::SeqCst);
-    writer.await??;
-    let acked = acked.lock().expect("acked").clone();
-    let unanswered = unanswered.lock().expect("unanswered").clone();
+    writing.store(false, Ordering::SeqCst);
+    let writes = writer.await??;
+    let summary = writes.summary();
     say(format_args!(
-        "[{SCENARIO}] {} records acknowledged, {} writes unanswered",
-        acked.len(),
-        unanswered.len()
+        "[{SCENARIO}] {} keys written: {} overwrites, {} deletes ({} acknowledged), {} \
+         requests unanswered",
+        summary.keys,
+        summary.overwrites,
+        summary.deletes,
+        summary.deletes_acked,
+        summary.unanswered
     ));
     wait_running(&ns, &pod_names(DATASTORE, 0..2)).await?;
     // The returning pods' rebalance sidecars move what a cancelled drain left behind: I4 must
@@ -217,7 +220,7 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
             }
             held.insert(pod_name(DATASTORE, o), records);
         }
-        problems = checker::records::check(&acked, &unanswered, &held);
+        problems = writes.check(&held);
         if problems.is_empty() {
             break;
         }
@@ -225,11 +228,14 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     }
     ensure!(
         problems.is_empty(),
-        "[{SCENARIO}] I4 violated: {problems:#?}"
+        "[{SCENARIO}] I4 violated ({} problems, the first 20): {:#?}",
+        problems.len(),
+        &problems[..problems.len().min(20)]
     );
     say(format_args!(
-        "[{SCENARIO}] I4 holds: {} records, each on exactly one pod",
-        acked.len()
+        "[{SCENARIO}] I4 holds: {} keys judged ({} overwrites, {} deletes), the newest write of \
+         each on at most one pod",
+        summary.keys, summary.overwrites, summary.deletes
     ));
     drop(controller);
     let verdict = checked.verdict()?;
@@ -237,18 +243,31 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     Ok(())
 }
 
-/// Writes `live-NNNN` records to a running datastore pod every 50 ms until told to stop.
+/// The records written before the datastore scenario's faults begin (`rec-NNNN`).
+const PREWRITTEN: usize = 300;
+/// The keys the datastore scenario's client writes only while the faults run (`live-NNNN`).
+const LIVE_KEYS: usize = 100;
+
+/// One sequential client, every 50 ms until told to stop: picks a key (a pre-written
+/// `rec-NNNN` or a `live-NNNN`) and overwrites it with a value no other write carries or, one
+/// time in eight, deletes it, sending each request to the next running datastore pod in turn
+/// (so a key's copies land on different pods and only versions decide which wins). Notes
+/// every request and its outcome in `writes`, which it returns.
 async fn write_while(
     client: kube::Client,
     ns: String,
-    acked: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
-    unanswered: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
-    writing: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<()> {
+    mut writes: Writes,
+    mut rng: Rng,
+    writing: Arc<AtomicBool>,
+) -> Result<Writes> {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, &ns);
     let lp = ListParams::default().labels("app=datastore");
-    let mut i = 0u32;
-    while writing.load(std::sync::atomic::Ordering::SeqCst) {
+    let keys: Vec<String> = (0..PREWRITTEN)
+        .map(|i| format!("rec-{i:04}"))
+        .chain((0..LIVE_KEYS).map(|i| format!("live-{i:04}")))
+        .collect();
+    let mut n = 0u32;
+    while writing.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let Ok(list) = pods.list(&lp).await else {
             continue;
@@ -262,24 +281,23 @@ async fn write_while(
                     && !p.labels().contains_key(drain_api::labels::DRAIN_POD)
             })
             .collect();
-        let target = (!running.is_empty()).then(|| running[i as usize % running.len()]);
+        let target = (!running.is_empty()).then(|| running[n as usize % running.len()]);
         let Some(ip) = target.and_then(|p| p.status.as_ref()?.pod_ip.clone()) else {
             continue;
         };
-        let key = format!("live-{i:04}");
-        let value = value_of(&key);
-        i += 1;
         let store = datastore::Client::new(&format!("http://{ip}:8080"))?;
-        match store.put(&key, value.clone()).await {
-            Ok(()) => {
-                acked.lock().expect("acked").insert(key, value);
-            }
-            Err(_) => {
-                unanswered.lock().expect("unanswered").insert(key, value);
-            }
+        let key = rng.pick(&keys).context("keys")?.clone();
+        if rng.range(0, 8) == 0 {
+            let outcome = Outcome::of(&store.delete(&key).await);
+            writes.delete(key, outcome);
+        } else {
+            let value = format!("{key}: w{n} {}", "payload ".repeat(n as usize % 5 + 1));
+            let outcome = Outcome::of(&store.put(&key, value.clone()).await);
+            writes.put(key, value, outcome);
         }
+        n += 1;
     }
-    Ok(())
+    Ok(writes)
 }
 
 /// Two replicas with leader election; the leader is SIGKILLed mid-drain, again and again, and

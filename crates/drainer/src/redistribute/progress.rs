@@ -60,8 +60,8 @@ pub struct Progress {
     pub records: u64,
     /// Bytes of those records.
     pub bytes: u64,
-    /// Of [`records`](Self::records), those the owner already held (`412`).
-    pub already_there: u64,
+    /// Of [`records`](Self::records), those whose owner held a newer write (its copy kept).
+    pub newer_there: u64,
     started: Instant,
     publisher: Option<PodAnnotator>,
     published: Option<DrainProgress>,
@@ -75,7 +75,7 @@ impl Progress {
             bytes_total: bytes,
             records: 0,
             bytes: 0,
-            already_there: 0,
+            newer_there: 0,
             started: Instant::now(),
             publisher,
             published: None,
@@ -83,10 +83,10 @@ impl Progress {
     }
 
     /// Counts one record handed over.
-    pub fn moved(&mut self, bytes: u64, already_there: bool) {
+    pub fn moved(&mut self, bytes: u64, newer_there: bool) {
         self.records += 1;
         self.bytes += bytes;
-        self.already_there += u64::from(already_there);
+        self.newer_there += u64::from(newer_there);
     }
 
     /// Records or bytes found after the start (new files, files that grew) raise the totals.
@@ -129,7 +129,7 @@ impl Progress {
         let secs = self.started.elapsed().as_secs_f64().max(1e-3);
         tracing::info!(
             records_moved = self.records,
-            records_already_there = self.already_there,
+            records_newer_there = self.newer_there,
             records_total = self.records_total,
             bytes_moved = self.bytes,
             elapsed_secs = format!("{secs:.1}"),

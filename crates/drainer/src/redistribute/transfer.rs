@@ -1,15 +1,21 @@
-//! One record's transfer: a create-only `PUT` that streams the record file to its owner.
+//! One record's transfer: a versioned handover `PUT` that streams the record's value to its
+//! owner.
 //!
 //! The peer contract (the example datastore implements it; an app that serves the peer API
-//! itself must too): `PUT <peer>/records/<key>` with `If-None-Match: *` and the file as body.
-//! - `200`, `201`, `204`: the peer holds the record durably; the local file may go.
-//! - `412 Precondition Failed`: the peer already holds the key: clients wrote it there after the
-//!   scale-down (newer than this copy), or an earlier attempt delivered it before a restart. The
-//!   local copy is done and is deleted *without* overwriting the peer's.
+//! itself must too; the rule is [`drain_api::record`]'s): `PUT <peer>/records/<key>` with the
+//! value as body and the copy's version in `x-record-version` (a tombstone: also
+//! `x-record-tombstone: 1`, no body). The peer keeps the higher version of its copy and this one.
+//! - `200`, `201`, `204` with `x-record-version: <held>`, `held` at least the version sent: the
+//!   peer holds this copy or a newer write of the key, durably; the local copy may go.
+//! - a `2xx` without a version, or with an older one than sent: the peer does not implement
+//!   the versioned handover; not an acknowledgement, and final.
 //! - `413 Payload Too Large`: the peer will never take this record: a final error.
 //! - `5xx`, `408`, `429`, no answer: transient, retried.
-//! - anything else (another `2xx` such as `202`, a redirect, other `4xx`): not an
-//!   acknowledgement; the peer refuses the record.
+//! - anything else (`412` from a peer of the old create-only contract, another `2xx` such as
+//!   `202`, a redirect, other `4xx`): not an acknowledgement; the peer refuses the record.
+//!
+//! A record file is a header and the value ([`drain_api::record`]); a file without a header is
+//! a legacy record, sent whole at version `0.0.` (older than any versioned write).
 //!
 //! The body is streamed in [`CHUNK_BYTES`] chunks, so memory is bounded by the number of
 //! transfers in flight, not by record size. Instead of a total timeout, a transfer fails when
@@ -21,9 +27,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use drain_api::record::{
+    self, HEADER_LEN, Header, Kind, TOMBSTONE_HEADER, VERSION_HEADER, Version,
+};
 use futures::StreamExt;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_LENGTH, IF_NONE_MATCH};
+use reqwest::header::CONTENT_LENGTH;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::time::Instant;
 use url::Url;
 
@@ -33,10 +43,21 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 /// How the owner took a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivered {
-    /// It stored this copy (`200`/`201`/`204`).
+    /// It holds this copy now (or held it already: a retry).
     Stored,
-    /// It already held the key (`412`): its copy is kept, this one is done.
-    AlreadyThere,
+    /// It holds a newer write of the key: its copy stays, this one is done.
+    NewerThere,
+}
+
+/// A handover the owner acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handed {
+    /// How the owner took it.
+    pub delivered: Delivered,
+    /// The header of the copy sent (its version is what a local release names).
+    pub sent: Header,
+    /// The record file's size in bytes.
+    pub bytes: u64,
 }
 
 /// Why a `PUT` of one record failed.
@@ -62,6 +83,17 @@ pub enum PutError {
         /// The start of the answer's body.
         body: String,
     },
+    /// The peer answered `2xx` without the version it holds, or with one older than sent: it
+    /// does not implement the versioned handover.
+    #[error(
+        "peer answered {status} but {detail}: not an acknowledgement (does it implement the versioned handover?)"
+    )]
+    NotVersioned {
+        /// The status.
+        status: StatusCode,
+        /// The version sent and the one answered (or that none was).
+        detail: String,
+    },
     /// The peer answered with a status that is not an acknowledgement.
     #[error("peer answered {status}, which is not an acknowledgement: {body:?}")]
     Status {
@@ -78,7 +110,7 @@ impl PutError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transport(_) | Self::Idle { .. } => true,
-            Self::ReadFile(_) | Self::TooLarge { .. } => false,
+            Self::ReadFile(_) | Self::TooLarge { .. } | Self::NotVersioned { .. } => false,
             Self::Status { status, .. } => {
                 status.is_server_error()
                     || *status == StatusCode::REQUEST_TIMEOUT
@@ -88,13 +120,54 @@ impl PutError {
     }
 }
 
-/// What an answer's status means for the record.
-pub fn classify(status: StatusCode) -> Option<Delivered> {
-    match status {
-        StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT => Some(Delivered::Stored),
-        StatusCode::PRECONDITION_FAILED => Some(Delivered::AlreadyThere),
-        _ => None,
+/// Whether an answer's status may acknowledge a handover (it must also name the version held:
+/// [`judge`]).
+pub fn is_acknowledging(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::OK | StatusCode::CREATED | StatusCode::NO_CONTENT
+    )
+}
+
+/// What an acknowledging answer (`status`, its `x-record-version` text) means for a copy of
+/// version `sent`.
+pub fn judge(
+    status: StatusCode,
+    held: Option<&str>,
+    sent: &Version,
+) -> Result<Delivered, PutError> {
+    let not_versioned = || PutError::NotVersioned {
+        status,
+        detail: match held {
+            Some(held) => format!("holds version {held:?} after a handover of {sent}"),
+            None => format!("named no version held after a handover of {sent}"),
+        },
+    };
+    let held: Version = held
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(not_versioned)?;
+    if !record::acknowledges(&held, sent) {
+        return Err(not_versioned());
     }
+    Ok(if held == *sent {
+        Delivered::Stored
+    } else {
+        Delivered::NewerThere
+    })
+}
+
+/// Reads the header of an open record file; leaves the file at the value's start. Answers the
+/// header and the value's length.
+pub async fn read_header(file: &mut tokio::fs::File) -> std::io::Result<(Header, u64)> {
+    let len = file.metadata().await?.len();
+    let mut prefix = Vec::with_capacity(HEADER_LEN);
+    (&mut *file)
+        .take(HEADER_LEN as u64)
+        .read_to_end(&mut prefix)
+        .await?;
+    let (header, offset) = Header::of_file(&prefix);
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    Ok((header, len.saturating_sub(offset)))
 }
 
 /// The HTTP client of transfers: connections time out after 5 s (or the idle timeout, if
@@ -116,37 +189,50 @@ pub fn record_url(base: &Url, key: &str) -> Url {
     url
 }
 
-/// Streams the file at `path` to `url` as a create-only `PUT`. `Ok(None)` if the file is gone.
+/// Hands the record file at `path` over to `url` (a versioned `PUT` streaming its value).
+/// `Ok(None)` if the file is gone.
 pub async fn put_record(
     http: &reqwest::Client,
     url: Url,
     path: &Path,
     idle: Duration,
-) -> Result<Option<(Delivered, u64)>, PutError> {
-    let file = match tokio::fs::File::open(path).await {
+) -> Result<Option<Handed>, PutError> {
+    let mut file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(PutError::ReadFile(e)),
     };
     let bytes = file.metadata().await.map_err(PutError::ReadFile)?.len();
+    let (sent, value_len) = read_header(&mut file).await.map_err(PutError::ReadFile)?;
     let start = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
     let touch = Arc::clone(&last);
     let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK_BYTES).inspect(move |_| {
         touch.store(elapsed_ms(start), Ordering::Relaxed);
     });
-    let request = http
+    let mut request = http
         .put(url)
-        .header(IF_NONE_MATCH, "*")
-        .header(CONTENT_LENGTH, bytes)
-        .body(reqwest::Body::wrap_stream(body))
-        .send();
+        .header(VERSION_HEADER, sent.version.to_string())
+        .header(CONTENT_LENGTH, value_len);
+    if sent.kind == Kind::Tombstone {
+        request = request.header(TOMBSTONE_HEADER, "1");
+    }
+    let request = request.body(reqwest::Body::wrap_stream(body)).send();
     let response = watch_idle(request, &last, start, idle)
         .await?
         .map_err(PutError::Transport)?;
     let status = response.status();
-    if let Some(delivered) = classify(status) {
-        return Ok(Some((delivered, bytes)));
+    if is_acknowledging(status) {
+        let held = response
+            .headers()
+            .get(VERSION_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let delivered = judge(status, held, &sent.version)?;
+        return Ok(Some(Handed {
+            delivered,
+            sent,
+            bytes,
+        }));
     }
     let text = watch_idle(response.text(), &last, Instant::now(), idle)
         .await?
@@ -217,17 +303,40 @@ mod tests {
     }
 
     #[test]
-    fn only_200_201_204_are_durable_and_412_means_already_there() {
+    fn only_200_201_204_may_acknowledge_and_412_no_longer_does() {
         for code in 100..600u16 {
             let Ok(status) = StatusCode::from_u16(code) else {
                 continue;
             };
-            let expected = match code {
-                200 | 201 | 204 => Some(Delivered::Stored),
-                412 => Some(Delivered::AlreadyThere),
-                _ => None,
-            };
-            assert_eq!(classify(status), expected, "{code}");
+            assert_eq!(
+                is_acknowledging(status),
+                matches!(code, 200 | 201 | 204),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_acknowledges_only_a_version_at_least_the_one_sent() {
+        let sent: Version = "100.2.ds-1".parse().unwrap();
+        let ok = StatusCode::NO_CONTENT;
+        assert_eq!(
+            judge(ok, Some("100.2.ds-1"), &sent).unwrap(),
+            Delivered::Stored
+        );
+        assert_eq!(
+            judge(ok, Some("100.3.ds-0"), &sent).unwrap(),
+            Delivered::NewerThere
+        );
+        assert_eq!(
+            judge(ok, Some("100.2.ds-2"), &sent).unwrap(),
+            Delivered::NewerThere,
+            "a tie on the clock is broken by the node name, the same way on both sides"
+        );
+        for held in [Some("100.2.ds-0"), Some("99.9.ds-9"), Some("garbage"), None] {
+            let err = judge(ok, held, &sent).unwrap_err();
+            assert!(matches!(err, PutError::NotVersioned { .. }), "{held:?}");
+            assert!(!err.is_transient());
         }
     }
 

@@ -29,6 +29,27 @@ pub(super) enum ApiError {
         #[source]
         source: axum::Error,
     },
+    /// The `x-record-version` header does not parse: `400`.
+    #[error("bad x-record-version for record {key}")]
+    BadVersion {
+        /// The record's key.
+        key: Key,
+        /// The cause.
+        #[source]
+        source: drain_api::record::InvalidVersion,
+    },
+    /// A release without `x-record-version`: `400`.
+    #[error("releasing record {key} needs its x-record-version")]
+    MissingVersion {
+        /// The record's key.
+        key: Key,
+    },
+    /// A tombstone handed over with a body: `400`.
+    #[error("a tombstone of record {key} has no body")]
+    TombstoneWithBody {
+        /// The record's key.
+        key: Key,
+    },
     /// The store failed: `500`.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -38,6 +59,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match &self {
             Self::BadKey(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+            Self::BadVersion { source, .. } => {
+                (StatusCode::BAD_REQUEST, format!("{self}: {source}")).into_response()
+            }
+            Self::MissingVersion { .. } | Self::TombstoneWithBody { .. } => {
+                (StatusCode::BAD_REQUEST, self.to_string()).into_response()
+            }
             Self::TooLarge { key, limit } => {
                 tracing::info!(%key, limit, "rejected record over the size limit");
                 (StatusCode::PAYLOAD_TOO_LARGE, self.to_string()).into_response()

@@ -25,7 +25,7 @@ impl Server {
 
     /// A server over `dir` with `limits`.
     pub async fn start_with(dir: &Path, limits: Limits) -> Self {
-        let store = Store::open(dir).unwrap();
+        let store = Store::open_as(dir, "test-server").unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -49,11 +49,12 @@ impl Server {
     }
 }
 
-/// The names in `dir`, sorted.
+/// The names in `dir`, sorted, but for the clock's high-water mark (`.clock`).
 pub fn dir_entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != datastore::store::clock::CLOCK_FILE)
         .collect();
     names.sort();
     names
