@@ -24,7 +24,8 @@ const T: Duration = Duration::from_secs(120);
 
 /// The example's drainer arguments, slowed so the scale-up comes mid-drain.
 const ARGS: &str = r#""args": ["redistribute", "--data-dir", "/data", "--peer-port", "8080""#;
-const SLOW_ARGS: &str = r#""args": ["redistribute", "--data-dir", "/data", "--peer-port", "8080", "--max-rate", "15""#;
+const SLOW_ARGS: &str =
+    r#""args": ["redistribute", "--data-dir", "/data", "--peer-port", "8080", "--max-rate", "15""#;
 const TEMPLATE_KEY: &str = "    statefulsets.kubernetes.io/drainer-pod-template: |";
 
 /// What every pod holds, read through the datastore's API.

@@ -9,9 +9,14 @@
 //! than the time between two writes of one key on two servers can order them the other way).
 //!
 //! Restarts: the clock keeps a *high-water mark* in the data directory (`.clock`, a decimal
-//! millisecond count), always ahead of every reading given out, and starts from it. The mark is
-//! moved [`LEASE_MILLIS`] ahead at a time, so it is written (and flushed) about once a minute
-//! under steady writes, not once per write.
+//! millisecond count), always ahead of every reading given out. The mark is moved
+//! [`LEASE_MILLIS`] ahead at a time, so it is written (and flushed) at most twice a second
+//! under steady writes, not once per write. On start the clock waits until the wall clock has
+//! passed the mark (at most [`MAX_START_WAIT_MILLIS`]) so that its readings are the wall
+//! clock's again: starting *at* the mark would stamp the writes after a restart up to a lease
+//! ahead of the other servers, and a restarted server's writes would beat later writes made
+//! elsewhere. If the wall clock is further behind the mark (it was set back), the clock starts
+//! at the mark and runs ahead of it, with a warning, until the wall clock catches up.
 
 use std::fs;
 use std::io::{self, Write};
@@ -25,7 +30,10 @@ use drain_api::record::Version;
 pub const CLOCK_FILE: &str = ".clock";
 
 /// How far ahead of the readings the persisted high-water mark is moved each time.
-pub const LEASE_MILLIS: u64 = 60_000;
+pub const LEASE_MILLIS: u64 = 500;
+
+/// Longest wait at start for the wall clock to pass the mark.
+pub const MAX_START_WAIT_MILLIS: u64 = 2_000;
 
 /// A reading: milliseconds, then a counter.
 type Reading = (u64, u32);
@@ -48,7 +56,7 @@ struct State {
 
 impl Clock {
     /// The clock of the server `node` keeping its mark in `dir`, starting after the mark a
-    /// previous run left there.
+    /// previous run left there (waiting for the wall clock to pass it: see the module doc).
     pub fn open(dir: &Path, node: &str) -> io::Result<Self> {
         Self::open_with(dir, node, wall_millis)
     }
@@ -56,6 +64,15 @@ impl Clock {
     /// [`Clock::open`] with another wall clock (tests).
     pub fn open_with(dir: &Path, node: &str, now: fn() -> u64) -> io::Result<Self> {
         let mark = read_mark(dir)?;
+        let behind = mark.saturating_sub(now());
+        if behind > MAX_START_WAIT_MILLIS {
+            tracing::warn!(
+                behind_ms = behind,
+                "the wall clock is behind the versions this server gave before (it was set back): versions run ahead of it until it catches up"
+            );
+        } else if behind > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(behind));
+        }
         Ok(Self {
             node: node.to_owned(),
             dir: dir.to_path_buf(),
@@ -192,6 +209,34 @@ mod tests {
         let clock = Clock::open_with(dir.path(), "n", || 10).unwrap();
         let after = clock.next_after(None).unwrap();
         assert!(after > before, "{after} after {before}");
+    }
+
+    static NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    fn now() -> u64 {
+        NOW.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn after_a_restart_versions_follow_the_wall_clock_not_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        NOW.store(1_000, std::sync::atomic::Ordering::SeqCst);
+        let before = Clock::open_with(dir.path(), "n", now)
+            .unwrap()
+            .next_after(None)
+            .unwrap();
+        // Restarted a moment later, within the lease: it waits for the mark, and its next
+        // write carries the wall clock's reading, not one a lease ahead (which would beat the
+        // later writes of servers that did not restart).
+        NOW.store(1_100, std::sync::atomic::Ordering::SeqCst);
+        let clock = Clock::open_with(dir.path(), "n", now).unwrap();
+        NOW.store(
+            1_000 + LEASE_MILLIS + 7,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        let after = clock.next_after(None).unwrap();
+        assert_eq!(after, v(1_000 + LEASE_MILLIS + 7, 0, "n"));
+        assert!(after > before);
     }
 
     #[test]
