@@ -44,6 +44,17 @@ pub enum Error {
     /// The data directory is not the drained claim as the set's pods mount it.
     #[error("the data directory is not the drained claim")]
     ClaimMount(#[from] claim_mount::MountError),
+    /// The check that the data directory is the drained claim could not be made: the drain
+    /// fails rather than trust a directory it cannot tie to the claim.
+    #[error(
+        "cannot prove that the data directory is the drained claim, so the drain fails and the \
+         claim stays: missing {missing} (or pass --allow-unmounted-data-dir to skip the volume \
+         checks, only if the claim is mounted above the data directory)"
+    )]
+    ClaimMountUnchecked {
+        /// What is missing: the context, credentials, or which permission.
+        missing: String,
+    },
     /// The drain pod or its set could not be read to check the data directory.
     #[error("failed to read {what} to check that the data directory is the drained claim")]
     ReadForMountCheck {
@@ -81,6 +92,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ClaimMount(_) => "ClaimMount",
+            Self::ClaimMountUnchecked { .. } => "ClaimMountUnchecked",
             Self::ReadForMountCheck { .. } | Self::SetForMountCheck(_) => "ReadForMountCheck",
             Self::MissingContext { .. } | Self::MissingPeerContext { .. } => "MissingContext",
             Self::Redistribute(e) => e.reason(),
@@ -186,35 +198,51 @@ pub fn record_completion(drain: &DrainContext) -> Result<(), Error> {
 
 /// In a drain pod (the context names the pod, its set and namespace), checks with
 /// [`claim_mount::check`] that the data directory is the drained claim mounted like the set's
-/// pods mount it. Outside one there is nothing to compare with, and without API access (no
-/// credentials, or RBAC that does not grant `get` on the pod and the set) the check is skipped
-/// with a warning: the mount-point check remains. Other API errors fail the attempt (retried).
+/// pods mount it. Fails closed: a drain that cannot read its pod and its set (no context, no
+/// credentials, RBAC denying `get` on either) cannot prove it looks at the claim's volume, so
+/// it fails ([`Error::ClaimMountUnchecked`], naming what is missing) and the claim stays.
+/// `--allow-unmounted-data-dir` is the one way to skip it. Other API errors fail the attempt
+/// too (retried).
 async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Result<(), Error> {
+    let unchecked = |missing: String| Error::ClaimMountUnchecked { missing };
     let (Some(ns), Some(pod), Some(set)) = (&drain.namespace, &drain.pod_name, &drain.statefulset)
     else {
-        tracing::info!("not in a drain pod (no pod name, set or namespace): volume checks skipped");
-        return Ok(());
+        return Err(unchecked(format!(
+            "the drain context ({}, {} and {}, which the controller sets in every drain pod)",
+            drain_api::env::POD_NAME,
+            drain_api::env::STATEFULSET,
+            drain_api::env::NAMESPACE
+        )));
     };
-    let skip = |e: &dyn std::error::Error| {
-        tracing::warn!(
-            error = %error_chain(e),
-            "cannot read the drain pod and its statefulset, so the data directory's volumeMount              (subPath) is not compared with the set's; grant get on pods and statefulsets to check it"
-        );
-        Ok(())
+    let client = kube::Client::try_default().await.map_err(|e| {
+        unchecked(format!(
+            "Kubernetes credentials ({}): the drain pod needs a service account token (do not set \
+             automountServiceAccountToken: false in the drain template) with get on pods and \
+             statefulsets",
+            error_chain(&e)
+        ))
+    })?;
+    let denied = |e: &kube::Error, what: &str| match e {
+        kube::Error::Api(s) if s.code == 403 => Some(unchecked(format!(
+            "permission to get {what} in namespace {ns} (403: {}): grant the drain pod's service \
+             account get on {what}",
+            s.message
+        ))),
+        kube::Error::Api(s) if s.code == 401 => Some(unchecked(format!(
+            "valid credentials (401 reading {what}: {})",
+            s.message
+        ))),
+        _ => None,
     };
-    let client = match kube::Client::try_default().await {
-        Ok(client) => client,
-        Err(e) => return skip(&e),
-    };
-    let denied =
-        |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 401 || s.code == 403);
     let read = |what: String| move |source| Error::ReadForMountCheck { what, source };
     let pod_obj = match kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
         .get(pod)
         .await
     {
-        Err(e) if denied(&e) => return skip(&e),
-        other => other.map_err(read(format!("pod {ns}/{pod}")))?,
+        Err(e) => {
+            return Err(denied(&e, "pods").unwrap_or_else(|| read(format!("pod {ns}/{pod}"))(e)));
+        }
+        Ok(pod_obj) => pod_obj,
     };
     let api_version = drain
         .statefulset_api_version
@@ -222,11 +250,10 @@ async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Resu
         .filter(|v| !v.is_empty())
         .unwrap_or(peers::STATEFULSET_API_VERSION);
     let set_obj = match peers::get_set(&client, ns, set, api_version).await {
-        Err(peers::PeersError::GetStatefulSet { source, .. }) if denied(&source) => {
-            return skip(&source);
-        }
         Err(peers::PeersError::GetStatefulSet { source, .. }) => {
-            return Err(read(format!("statefulset {ns}/{set}"))(source));
+            let what = format!("statefulsets ({api_version})");
+            return Err(denied(&source, &what)
+                .unwrap_or_else(|| read(format!("statefulset {ns}/{set}"))(source)));
         }
         Err(e) => return Err(Error::SetForMountCheck(e)),
         Ok((set_obj, _)) => set_obj,

@@ -170,6 +170,39 @@ fn redistribute_empty_directory_succeeds_without_a_cluster() {
 }
 
 #[test]
+fn without_credentials_the_claim_check_fails_closed_and_nothing_is_recorded() {
+    // `/proc` is a mount point, so only the API check can tell that it is not the claim; with
+    // no credentials it used to be skipped with a warning, and a hook that found nothing to do
+    // exited 0 with the completion record: the claim would have been deleted.
+    let home = tempfile::tempdir().unwrap();
+    let log = home.path().join("termination-log");
+    for mode in [
+        &["exec", "--no-peers", "--data-dir", "/proc", "--", "true"][..],
+        &["redistribute", "--data-dir", "/proc"][..],
+    ] {
+        let (code, stderr) = run(drainer(home.path())
+            .env_remove("DRAINER_ALLOW_UNMOUNTED_DATA_DIR")
+            .env_remove("DRAINER_DATA_DIR")
+            .env("DRAIN_COMPLETION_RECORD", RECORD)
+            .args(mode));
+        assert_eq!(code, Some(1), "{mode:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot prove that the data directory is the drained claim")
+                && stderr.contains("Kubernetes credentials"),
+            "{mode:?}: {stderr}"
+        );
+        assert!(!log.exists(), "{mode:?} wrote the record: {stderr}");
+    }
+    // Outside a drain pod (no context) the same.
+    let (code, stderr) = run(drainer(home.path())
+        .env_remove("DRAINER_ALLOW_UNMOUNTED_DATA_DIR")
+        .env_remove("DRAIN_POD_NAME")
+        .args(["exec", "--no-peers", "--data-dir", "/proc", "--", "true"]));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("the drain context"), "{stderr}");
+}
+
+#[test]
 fn redistribute_refuses_a_directory_that_is_not_the_mounted_claim() {
     // An empty directory that is not a mount point: exiting 0 would get the claim deleted.
     let home = tempfile::tempdir().unwrap();

@@ -78,27 +78,26 @@ async fn writes_made_to_the_new_owner_during_the_drain_are_never_overwritten() -
     Ok(())
 }
 
-#[tokio::test]
-async fn a_drain_template_mounting_the_wrong_sub_path_fails_and_keeps_the_claim() -> Result<()> {
+/// The drain template mounts the claim with `subPath: x` (the kubelet creates `x` empty inside
+/// the claim and mounts it at /data: a mount point with nothing in it), plus `edits`; the drain
+/// must fail, the claim stay, and the data be served again after a scale-up. Without the check
+/// the drain "succeeds" and the claim is deleted.
+async fn wrong_sub_path_keeps_the_claim(ns_prefix: &str, edits: &[(&str, &str)]) -> Result<()> {
     let client = client().await;
-    let ns = TestNamespace::new(&client, "drainer-subpath").await?;
+    let ns = TestNamespace::new(&client, ns_prefix).await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
-    // The kubelet creates `x` empty inside the claim and mounts it at /data: a mount point
-    // with nothing in it. Without the check the drain "succeeds" and the claim is deleted.
-    let records = example_with_records(
-        &ns,
-        &[
-            (
-                r#""volumeMounts": [{"name": "data", "mountPath": "/data"}]"#,
-                r#""volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "x"}]"#,
-            ),
-            (
-                "statefulsets.kubernetes.io/drainer-pod-template: |",
-                "statefulsets.kubernetes.io/drain-max-attempts: \"1\"\n    statefulsets.kubernetes.io/drainer-pod-template: |",
-            ),
-        ],
-    )
-    .await?;
+    let mut all_edits = vec![
+        (
+            r#""volumeMounts": [{"name": "data", "mountPath": "/data"}]"#,
+            r#""volumeMounts": [{"name": "data", "mountPath": "/data", "subPath": "x"}]"#,
+        ),
+        (
+            "statefulsets.kubernetes.io/drainer-pod-template: |",
+            "statefulsets.kubernetes.io/drain-max-attempts: \"1\"\n    statefulsets.kubernetes.io/drainer-pod-template: |",
+        ),
+    ];
+    all_edits.extend_from_slice(edits);
+    let records = example_with_records(&ns, &all_edits).await?;
     let claim = claim_uid(&ns, "data-datastore-2").await?;
 
     scale(&ns, DATASTORE, 2).await?;
@@ -112,6 +111,27 @@ async fn a_drain_template_mounting_the_wrong_sub_path_fails_and_keeps_the_claim(
     wait_stateful_pod_back(&ns, "datastore-2").await?;
     assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
     Ok(())
+}
+
+#[tokio::test]
+async fn a_drain_template_mounting_the_wrong_sub_path_fails_and_keeps_the_claim() -> Result<()> {
+    wrong_sub_path_keeps_the_claim("drainer-subpath", &[]).await
+}
+
+#[tokio::test]
+async fn a_drain_pod_without_credentials_cannot_prove_its_volume_and_keeps_the_claim() -> Result<()>
+{
+    // The same wrong subPath, and no service account token in the drain pod: the check that
+    // would catch it cannot read the pod and the set. It used to be skipped with a warning, and
+    // the empty directory "drained" in no time: the claim was deleted with all its data.
+    wrong_sub_path_keeps_the_claim(
+        "drainer-notoken",
+        &[(
+            r#""serviceAccountName": "datastore-drainer","#,
+            r#""serviceAccountName": "datastore-drainer", "automountServiceAccountToken": false,"#,
+        )],
+    )
+    .await
 }
 
 #[tokio::test]
