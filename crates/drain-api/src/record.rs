@@ -34,6 +34,17 @@ pub const VERSION_HEADER: &str = "x-record-version";
 /// HTTP header marking a handed-over copy as a tombstone (value `1`; the body is empty).
 pub const TOMBSTONE_HEADER: &str = "x-record-tombstone";
 
+/// HTTP header naming the pod a handover is meant for (its name). The peer refuses a handover
+/// meant for another pod (`421 Misdirected Request`: the address now belongs to someone else)
+/// and names itself in the same header of its answer; the sender takes an answer naming another
+/// pod as no acknowledgement.
+pub const OWNER_HEADER: &str = "x-record-owner";
+
+/// HTTP header with the UID of the pod a handover is meant for, as the sender read it from the
+/// API; checked and answered like [`OWNER_HEADER`] (a pod of the same name in another namespace,
+/// or a recreated one, has another UID).
+pub const OWNER_UID_HEADER: &str = "x-record-owner-uid";
+
 /// Length of a record file's header, in bytes.
 pub const HEADER_LEN: usize = 128;
 

@@ -85,14 +85,14 @@ async fn run(mode: &str, count: usize, size: usize) -> (Duration, u64) {
     write_records(source.path(), count, size);
     let sinks = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut addrs = Vec::new();
-    for sink in &sinks {
+    for (i, sink) in sinks.iter().enumerate() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         addrs.push(listener.local_addr().unwrap());
         let dir = sink.path().to_path_buf();
         if mode == "plain" {
             tokio::spawn(plain_receiver(listener, dir));
         } else {
-            let store = datastore::Store::open_as(&dir, "bench").unwrap();
+            let store = datastore::Store::open_as(&dir, &format!("peer-{i}")).unwrap();
             tokio::spawn(datastore::http::serve(
                 listener,
                 store,

@@ -29,16 +29,25 @@ pub struct Peer {
     pub name: String,
     /// Base URL of the peer's service, such as `http://10.0.0.7:8080/`.
     pub url: Url,
+    /// The peer pod's UID as read from the API, which a handover asks the peer to confirm.
+    pub uid: Option<String>,
 }
 
 impl Peer {
-    /// A peer at `url`.
+    /// A peer at `url` (its UID unknown).
     pub fn new(ordinal: i32, name: impl Into<String>, url: Url) -> Self {
         Self {
             ordinal,
             name: name.into(),
             url,
+            uid: None,
         }
+    }
+
+    /// The same peer, with the UID its pod has in the API.
+    pub fn with_uid(mut self, uid: Option<String>) -> Self {
+        self.uid = uid;
+        self
     }
 
     /// The base URL without a trailing `/` (`http://10.0.0.7:8080`), for `DRAIN_PEERS`.
@@ -450,7 +459,10 @@ pub fn select(range: &OrdinalRange, pods: &[Pod], target: &Target) -> Result<Pee
             address: address.clone(),
             source,
         })?;
-        ready.insert(ordinal, Peer::new(ordinal, name, url));
+        ready.insert(
+            ordinal,
+            Peer::new(ordinal, name, url).with_uid(pod.metadata.uid.clone()),
+        );
     }
     Ok(PeerSet {
         members,

@@ -147,7 +147,8 @@ async fn move_one(
         limiter.wait_turn().await;
     }
     let url = transfer::record_url(&peer.url, &key);
-    let handed = match transfer::put_record(http, url, &path, options.idle_timeout).await {
+    let owner = Some(transfer::Owner::of(peer));
+    let handed = match transfer::put_record(http, url, &path, options.idle_timeout, owner).await {
         Ok(Some(handed)) => handed,
         Ok(None) => return None,
         Err(e) => {
@@ -211,7 +212,7 @@ async fn recover_claims_through(
         };
         let claimed = dir.join(&name);
         let url = transfer::record_url(&options.local, key);
-        match transfer::put_record(http, url, &claimed, options.idle_timeout).await {
+        match transfer::put_record(http, url, &claimed, options.idle_timeout, None).await {
             Ok(Some(_)) => {
                 remove(&claimed)?;
                 recovered += 1;

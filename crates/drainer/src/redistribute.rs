@@ -496,6 +496,7 @@ impl Round<'_> {
                 url_ref.clone(),
                 path_ref,
                 self.options.idle_timeout,
+                Some(transfer::Owner::of(peer)),
             )
             .await
         };
@@ -511,7 +512,11 @@ impl Round<'_> {
         } = match result {
             Ok(Some(done)) => done,
             Ok(None) => return Ok(Outcome::Gone),
-            Err(source) if source.is_transient() => {
+            // Unreachable, or its address now answers as another pod: wait for the next round,
+            // which discovers the peers (and their addresses) again.
+            Err(source)
+                if source.is_transient() || matches!(source, PutError::Misdirected { .. }) =>
+            {
                 self.down.lock().expect("lock poisoned").insert(owner);
                 tracing::warn!(peer = %peer.name, key = %name, error = %crate::error_chain(&source), "peer not accepting records");
                 return Ok(Outcome::Deferred(Some(

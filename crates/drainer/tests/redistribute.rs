@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use drain_api::record::VERSION_HEADER;
+use axum::response::IntoResponse;
+use drain_api::record::{OWNER_HEADER, VERSION_HEADER};
 use drainer::peers::{Peer, PeerSet, StaticPeers, Unavailable};
 use drainer::placement;
 use drainer::redistribute::{Options, RedistributeError, redistribute};
@@ -31,8 +32,18 @@ impl Datastore {
     }
 
     async fn start_with(ordinal: i32, limits: datastore::http::Limits) -> Self {
+        Self::start_as(ordinal, &format!("datastore-{ordinal}"), None, limits).await
+    }
+
+    /// A server that is the pod `name` with `uid` (serving as ordinal `ordinal` in the test).
+    async fn start_as(
+        ordinal: i32,
+        name: &str,
+        uid: Option<&str>,
+        limits: datastore::http::Limits,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let store = datastore::Store::open_as(dir.path(), &format!("datastore-{ordinal}")).unwrap();
+        let store = datastore::Store::open_pod(dir.path(), name, uid).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -80,13 +91,21 @@ fn peer_at(ordinal: i32, addr: SocketAddr) -> Peer {
 async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&hits);
-    let app = axum::Router::new().fallback(move |_body: axum::body::Bytes| {
-        let counter = Arc::clone(&counter);
-        async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            (status, "no thanks")
-        }
-    });
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+            let counter = Arc::clone(&counter);
+            // It is the pod meant (it names itself), but answers nothing else of the contract.
+            let owner = headers.get(OWNER_HEADER).cloned();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut answer = (status, "no thanks").into_response();
+                if let Some(owner) = owner {
+                    answer.headers_mut().insert(OWNER_HEADER, owner);
+                }
+                answer
+            }
+        },
+    );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -106,7 +125,13 @@ async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
             move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
                 log.lock().unwrap().push(Instant::now());
                 let version = headers[VERSION_HEADER].clone();
-                async move { (StatusCode::NO_CONTENT, [(VERSION_HEADER, version)]) }
+                let owner = headers[OWNER_HEADER].clone();
+                async move {
+                    (
+                        StatusCode::NO_CONTENT,
+                        [(VERSION_HEADER, version), (OWNER_HEADER, owner)],
+                    )
+                }
             },
         ),
     );
@@ -443,12 +468,15 @@ async fn retries_transient_failures() {
                     let answer = reqwest::Client::new()
                         .put(format!("{backend}/records/{key}"))
                         .header(VERSION_HEADER, headers[VERSION_HEADER].as_bytes())
+                        .header(OWNER_HEADER, headers[OWNER_HEADER].as_bytes())
                         .body(body)
                         .send()
                         .await
                         .unwrap();
                     let mut out = axum::http::HeaderMap::new();
-                    out.insert(VERSION_HEADER, answer.headers()[VERSION_HEADER].clone());
+                    for name in [VERSION_HEADER, OWNER_HEADER] {
+                        out.insert(name, answer.headers()[name].clone());
+                    }
                     (answer.status(), out)
                 }
             }
@@ -694,6 +722,44 @@ async fn an_older_copy_on_the_owner_is_replaced_and_a_delete_is_carried_over() {
         owner.get("gone").await.unwrap(),
         None,
         "the delete is carried over"
+    );
+}
+
+#[rstest::rstest]
+#[case::another_pod("datastore-7", "uid-0")]
+#[case::the_same_name_recreated("datastore-0", "uid-of-the-new-pod")]
+#[tokio::test]
+async fn an_address_that_answers_as_another_pod_gets_nothing_and_every_file_stays(
+    #[case] answering: &str,
+    #[case] uid: &str,
+) {
+    // The API said datastore-0 (UID uid-0) is at this address, but the address now belongs to
+    // another pod: a reused IP. Nothing may be handed to it, and the drain must not finish.
+    let server = Datastore::start_as(0, answering, Some(uid), Default::default()).await;
+    let peer = server.peer().with_uid(Some("uid-0".to_owned()));
+    let peers = StaticPeers(PeerSet::all_ready([peer]));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(6);
+    write_local(data.path(), &all);
+
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(err, RedistributeError::PeerUnavailable { .. }),
+        "{}",
+        drainer::error_chain(&err)
+    );
+    assert!(
+        drainer::error_chain(&err).contains("answered as another pod"),
+        "{}",
+        drainer::error_chain(&err)
+    );
+    assert!(local_records(data.path()) == all, "every file stays");
+    assert!(
+        server.records().await.is_empty(),
+        "the other pod got nothing"
     );
 }
 

@@ -35,6 +35,11 @@ pub struct Args {
     #[arg(long, env = "DATASTORE_NODE_NAME")]
     pub node_name: Option<String>,
 
+    /// This pod's UID (the downward API's `metadata.uid`): a handover naming another pod's UID
+    /// (the address was reused) is refused with `421`, and acknowledgements name it.
+    #[arg(long, env = "DATASTORE_POD_UID")]
+    pub pod_uid: Option<String>,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax.
     #[arg(long, env = "RUST_LOG", default_value = "info")]
     pub log_filter: String,

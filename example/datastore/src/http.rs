@@ -56,7 +56,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::io::ReaderStream;
 
-use drain_api::record::{Header, Kind, TOMBSTONE_HEADER, VERSION_HEADER, Version};
+use drain_api::record::{
+    Header, Kind, OWNER_HEADER, OWNER_UID_HEADER, TOMBSTONE_HEADER, VERSION_HEADER, Version,
+};
 
 use crate::store::{Created, Key, Released, Store};
 use error::ApiError;
@@ -168,6 +170,10 @@ async fn put_record(
 ) -> Result<Response, ApiError> {
     let key = Key::parse(&key)?;
     let handover = handover_header(&key, &headers)?;
+    if let Some(wrong) = misdirected(&state.store, &headers) {
+        tracing::warn!(%key, %wrong, "refused a handover meant for another pod");
+        return Ok((StatusCode::MISDIRECTED_REQUEST, wrong).into_response());
+    }
     let create_only = is_create_only(&headers);
     let limit = state.max_record_bytes;
     if content_length(&headers).is_some_and(|len| len > limit) {
@@ -193,7 +199,9 @@ async fn put_record(
         }
         let held = pending.hand_over(sent.clone()).await?;
         tracing::debug!(%key, bytes, sent = %sent.version, held = %held.version, "handover");
-        return Ok(held_response(StatusCode::NO_CONTENT, &held));
+        let mut response = held_response(StatusCode::NO_CONTENT, &held);
+        name_this_pod(&state.store, &mut response);
+        return Ok(response);
     }
     if !create_only {
         let version = pending.commit().await?;
@@ -244,6 +252,41 @@ async fn release_record(
             version_response(StatusCode::CONFLICT, &held)
         }
     })
+}
+
+/// Why a request naming its intended pod (`x-record-owner`, `x-record-owner-uid`) is not
+/// meant for this one, if it is not.
+fn misdirected(store: &Store, headers: &HeaderMap) -> Option<String> {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()))
+    };
+    if let Some(owner) = get(OWNER_HEADER)
+        && owner != store.node()
+    {
+        return Some(format!("this is pod {}, not {owner}", store.node()));
+    }
+    if let (Some(uid), Some(mine)) = (get(OWNER_UID_HEADER), store.pod_uid())
+        && uid != mine
+    {
+        return Some(format!(
+            "this is pod {} with UID {mine}, not UID {uid}",
+            store.node()
+        ));
+    }
+    None
+}
+
+/// Names this pod in an acknowledgement, so the sender can tell it reached the pod it meant.
+fn name_this_pod(store: &Store, response: &mut Response) {
+    let headers = response.headers_mut();
+    if let Ok(name) = HeaderValue::from_str(store.node()) {
+        headers.insert(OWNER_HEADER, name);
+    }
+    if let Some(uid) = store.pod_uid().and_then(|u| HeaderValue::from_str(u).ok()) {
+        headers.insert(OWNER_UID_HEADER, uid);
+    }
 }
 
 /// The handed-over copy's header, if the request is a handover (`x-record-version` set).

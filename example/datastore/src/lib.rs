@@ -58,11 +58,13 @@ pub async fn run(args: cli::Args) -> Result<(), RunError> {
         max_concurrent_requests = args.max_concurrent_requests.get(),
         "starting datastore"
     );
-    let store = match &args.node_name {
-        Some(node) => Store::open_as(&args.data_dir, node)?,
-        None => Store::open(&args.data_dir)?,
-    };
-    tracing::info!(node = store.node(), "versions name this server");
+    let node = args.node_name.clone().unwrap_or_else(store::default_node);
+    let store = Store::open_pod(&args.data_dir, &node, args.pod_uid.as_deref())?;
+    tracing::info!(
+        node = store.node(),
+        pod_uid = store.pod_uid().unwrap_or(""),
+        "versions name this server; handovers must name this pod"
+    );
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|source| RunError::Listen {

@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     dir: PathBuf,
     clock: Clock,
     locks: Vec<Mutex<()>>,
+    /// The pod's UID, when known: handovers meant for another pod are refused.
+    pod_uid: Option<String>,
 }
 
 impl Shared {
@@ -177,6 +179,16 @@ impl Store {
     /// gives), removes temporary files that a crash left behind (their writes were never
     /// acknowledged), and starts the clock after the one a previous run left.
     pub fn open_as(dir: impl Into<PathBuf>, node: &str) -> Result<Self, StoreError> {
+        Self::open_pod(dir, node, None)
+    }
+
+    /// [`Store::open_as`] for the pod `node` whose UID is `pod_uid` (from the downward API): a
+    /// handover naming another pod or UID is refused ([`crate::http`]).
+    pub fn open_pod(
+        dir: impl Into<PathBuf>,
+        node: &str,
+        pod_uid: Option<&str>,
+    ) -> Result<Self, StoreError> {
         let dir = dir.into();
         let open_err = |source| StoreError::Open {
             dir: dir.clone(),
@@ -203,6 +215,7 @@ impl Store {
                 dir,
                 clock,
                 locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+                pod_uid: pod_uid.filter(|u| !u.is_empty()).map(str::to_owned),
             }),
         })
     }
@@ -212,9 +225,14 @@ impl Store {
         &self.shared.dir
     }
 
-    /// The server's name in the versions it gives.
+    /// The server's name in the versions it gives: its pod's name.
     pub fn node(&self) -> &str {
         self.shared.clock.node()
+    }
+
+    /// Its pod's UID, when it was given one.
+    pub fn pod_uid(&self) -> Option<&str> {
+        self.shared.pod_uid.as_deref()
     }
 
     /// Writes the record `key` durably (overwriting any previous value) with a new version,
@@ -341,8 +359,8 @@ impl Store {
     }
 }
 
-/// This machine's host name (in a pod, the pod's name), or `datastore`.
-fn default_node() -> String {
+/// This machine's host name (in a pod, the pod's name), or `datastore`: the default node name.
+pub fn default_node() -> String {
     let name = fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())

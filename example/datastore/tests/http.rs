@@ -3,7 +3,10 @@
 mod common;
 
 use common::{Server, dir_entries};
-use drain_api::record::{HEADER_LEN, Header, Kind, TOMBSTONE_HEADER, VERSION_HEADER, Version};
+use drain_api::record::{
+    HEADER_LEN, Header, Kind, OWNER_HEADER, OWNER_UID_HEADER, TOMBSTONE_HEADER, VERSION_HEADER,
+    Version,
+};
 use reqwest::StatusCode;
 
 #[tokio::test]
@@ -262,4 +265,35 @@ async fn a_release_removes_only_the_version_named() {
         StatusCode::NO_CONTENT,
         "gone already is fine"
     );
+}
+
+#[tokio::test]
+async fn a_handover_meant_for_another_pod_is_refused_with_421() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = datastore::Store::open_pod(dir.path(), "datastore-1", Some("uid-1")).unwrap();
+    let server = Server::serve(store).await;
+    let http = reqwest::Client::new();
+    let url = server.url("/records/k");
+    let send = |owner: &'static str, uid: &'static str| {
+        http.put(&url)
+            .header(VERSION_HEADER, "5.0.datastore-2")
+            .header(OWNER_HEADER, owner)
+            .header(OWNER_UID_HEADER, uid)
+            .body("v")
+            .send()
+    };
+    for (owner, uid) in [("datastore-0", "uid-1"), ("datastore-1", "uid-0")] {
+        let answer = send(owner, uid).await.unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::MISDIRECTED_REQUEST,
+            "{owner} {uid}"
+        );
+    }
+    assert!(dir_entries(dir.path()).is_empty(), "nothing stored");
+    let answer = send("datastore-1", "uid-1").await.unwrap();
+    assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    assert_eq!(answer.headers()[OWNER_HEADER], "datastore-1");
+    assert_eq!(answer.headers()[OWNER_UID_HEADER], "uid-1");
+    assert_eq!(server.client().get("k").await.unwrap().unwrap(), b"v");
 }

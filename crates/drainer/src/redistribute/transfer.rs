@@ -9,6 +9,10 @@
 //!   peer holds this copy or a newer write of the key, durably; the local copy may go.
 //! - a `2xx` without a version, or with an older one than sent: the peer does not implement
 //!   the versioned handover; not an acknowledgement, and final.
+//! - `421 Misdirected Request`: the address no longer belongs to the pod named in
+//!   `x-record-owner`/`x-record-owner-uid` (sent with every handover to a peer, as read from the
+//!   API): the record waits for the next round, which discovers the peers again. An
+//!   acknowledgement must name the same pod in the same headers, or it is none.
 //! - `413 Payload Too Large`: the peer will never take this record: a final error.
 //! - `5xx`, `408`, `429`, no answer: transient, retried.
 //! - anything else (`412` from a peer of the old create-only contract, another `2xx` such as
@@ -16,6 +20,9 @@
 //!
 //! A record file is a header and the value ([`drain_api::record`]); a file without a header is
 //! a legacy record, sent whole at version `0.0.` (older than any versioned write).
+//!
+//! Peer traffic never goes through a proxy from the environment (`HTTP_PROXY`, `ALL_PROXY`),
+//! and only the first [`MAX_ERROR_BODY`] bytes of an error answer are read.
 //!
 //! The body is streamed in [`CHUNK_BYTES`] chunks, so memory is bounded by the number of
 //! transfers in flight, not by record size. Instead of a total timeout, a transfer fails when
@@ -28,7 +35,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use drain_api::record::{
-    self, HEADER_LEN, Header, Kind, TOMBSTONE_HEADER, VERSION_HEADER, Version,
+    self, HEADER_LEN, Header, Kind, OWNER_HEADER, OWNER_UID_HEADER, TOMBSTONE_HEADER,
+    VERSION_HEADER, Version,
 };
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -39,6 +47,28 @@ use url::Url;
 
 /// Size of the chunks a record file is read and sent in.
 pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Most bytes of an error answer's body read (and quoted in the error).
+pub const MAX_ERROR_BODY: usize = 4 * 1024;
+
+/// The pod a handover is meant for, as read from the API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner<'a> {
+    /// The pod's name.
+    pub name: &'a str,
+    /// The pod's UID, when known.
+    pub uid: Option<&'a str>,
+}
+
+impl<'a> Owner<'a> {
+    /// The owner a peer stands for.
+    pub fn of(peer: &'a crate::peers::Peer) -> Self {
+        Self {
+            name: &peer.name,
+            uid: peer.uid.as_deref(),
+        }
+    }
+}
 
 /// How the owner took a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +124,13 @@ pub enum PutError {
         /// The version sent and the one answered (or that none was).
         detail: String,
     },
+    /// The address answered as another pod than the owner the handover was meant for (`421`,
+    /// or an acknowledgement naming another pod): the pod's address changed.
+    #[error("the address answered as another pod: {detail}")]
+    Misdirected {
+        /// The pod meant, and what the address answered.
+        detail: String,
+    },
     /// The peer answered with a status that is not an acknowledgement.
     #[error("peer answered {status}, which is not an acknowledgement: {body:?}")]
     Status {
@@ -110,7 +147,10 @@ impl PutError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transport(_) | Self::Idle { .. } => true,
-            Self::ReadFile(_) | Self::TooLarge { .. } | Self::NotVersioned { .. } => false,
+            Self::ReadFile(_)
+            | Self::TooLarge { .. }
+            | Self::NotVersioned { .. }
+            | Self::Misdirected { .. } => false,
             Self::Status { status, .. } => {
                 status.is_server_error()
                     || *status == StatusCode::REQUEST_TIMEOUT
@@ -171,13 +211,31 @@ pub async fn read_header(file: &mut tokio::fs::File) -> std::io::Result<(Header,
 }
 
 /// The HTTP client of transfers: connections time out after 5 s (or the idle timeout, if
-/// shorter), redirects are not followed (a redirect is not an acknowledgement), and there is
-/// no total timeout (see [`put_record`]).
+/// shorter), redirects are not followed (a redirect is not an acknowledgement), no proxy from
+/// the environment is used (peers are pods, reached directly), and there is no total timeout
+/// (see [`put_record`]).
 pub fn client(idle: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5).min(idle))
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .build()
+}
+
+/// Whether an answer names the pod `owner` (its name, and its UID when the owner's is known).
+pub fn answered_as(headers: &reqwest::header::HeaderMap, owner: &Owner<'_>) -> Result<(), String> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match get(OWNER_HEADER) {
+        Some(name) if name == owner.name => {}
+        Some(name) => return Err(format!("answered as pod {name:?}")),
+        None => return Err(format!("the answer names no pod ({OWNER_HEADER})")),
+    }
+    match (owner.uid, get(OWNER_UID_HEADER)) {
+        (None, _) => Ok(()),
+        (Some(uid), Some(answered)) if answered == uid => Ok(()),
+        (Some(_), Some(answered)) => Err(format!("answered with pod UID {answered:?}")),
+        (Some(_), None) => Err(format!("the answer names no pod UID ({OWNER_UID_HEADER})")),
+    }
 }
 
 /// `<base>/records/<key>`, the key percent-encoded as one path segment.
@@ -189,13 +247,15 @@ pub fn record_url(base: &Url, key: &str) -> Url {
     url
 }
 
-/// Hands the record file at `path` over to `url` (a versioned `PUT` streaming its value).
-/// `Ok(None)` if the file is gone.
+/// Hands the record file at `path` over to `url` (a versioned `PUT` streaming its value),
+/// meant for the pod `owner` (`None`: this pod's own server, on loopback). `Ok(None)` if the
+/// file is gone.
 pub async fn put_record(
     http: &reqwest::Client,
     url: Url,
     path: &Path,
     idle: Duration,
+    owner: Option<Owner<'_>>,
 ) -> Result<Option<Handed>, PutError> {
     let mut file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
@@ -217,12 +277,27 @@ pub async fn put_record(
     if sent.kind == Kind::Tombstone {
         request = request.header(TOMBSTONE_HEADER, "1");
     }
+    if let Some(owner) = &owner {
+        request = request.header(OWNER_HEADER, owner.name);
+        if let Some(uid) = owner.uid {
+            request = request.header(OWNER_UID_HEADER, uid);
+        }
+    }
     let request = request.body(reqwest::Body::wrap_stream(body)).send();
     let response = watch_idle(request, &last, start, idle)
         .await?
         .map_err(PutError::Transport)?;
     let status = response.status();
+    let misdirected = |answered: String| PutError::Misdirected {
+        detail: format!(
+            "meant for {}, {answered}",
+            owner.map(|o| o.name).unwrap_or("this pod's own server")
+        ),
+    };
     if is_acknowledging(status) {
+        if let Some(owner) = &owner {
+            answered_as(response.headers(), owner).map_err(misdirected)?;
+        }
         let held = response
             .headers()
             .get(VERSION_HEADER)
@@ -234,14 +309,28 @@ pub async fn put_record(
             bytes,
         }));
     }
-    let text = watch_idle(response.text(), &last, Instant::now(), idle)
-        .await?
-        .unwrap_or_default();
+    let text = watch_idle(bounded_text(response), &last, Instant::now(), idle).await?;
     let body = truncate(text, 200);
     Err(match status {
         StatusCode::PAYLOAD_TOO_LARGE => PutError::TooLarge { bytes, body },
+        StatusCode::MISDIRECTED_REQUEST => misdirected(format!("421: {body}")),
         status => PutError::Status { status, body },
     })
+}
+
+/// The start of an answer's body: at most [`MAX_ERROR_BODY`] bytes are read, however much the
+/// peer sends; a body that breaks off gives what came.
+async fn bounded_text(response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        let room = MAX_ERROR_BODY - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= MAX_ERROR_BODY {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 fn elapsed_ms(start: Instant) -> u64 {

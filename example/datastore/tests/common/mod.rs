@@ -25,7 +25,16 @@ impl Server {
 
     /// A server over `dir` with `limits`.
     pub async fn start_with(dir: &Path, limits: Limits) -> Self {
-        let store = Store::open_as(dir, "test-server").unwrap();
+        Self::serve_with(Store::open_as(dir, "test-server").unwrap(), limits).await
+    }
+
+    /// A server of `store` with the default limits.
+    pub async fn serve(store: Store) -> Self {
+        Self::serve_with(store, Limits::default()).await
+    }
+
+    /// A server of `store` with `limits`.
+    pub async fn serve_with(store: Store, limits: Limits) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
