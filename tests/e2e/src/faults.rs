@@ -749,6 +749,37 @@ pub fn value_of(key: &str) -> Vec<u8> {
     format!("{key}: {}", "payload ".repeat(key.len() % 7 + 1)).into_bytes()
 }
 
+/// Creates the ServiceAccount `account` in the test namespace with the rights the `drainer` needs
+/// in a drain pod (as the example's `datastore-drainer` Role: `get` statefulsets; `get`, `list`,
+/// `patch` pods), for drain templates that name it.
+pub fn grant_drainer_rights(ns: &TestNamespace, account: &str) -> Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {account}, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: {account}, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [apps], resources: [statefulsets], verbs: [get]}}\n\
+         - {{apiGroups: [\"\"], resources: [pods], verbs: [get, list, patch]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {account}, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {account}}}\n\
+         subjects: [{{kind: ServiceAccount, name: {account}, namespace: {ns}}}]\n",
+        ns = ns.name
+    );
+    let mut child = crate::kubectl()
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("kubectl stdin")?
+        .write_all(text.as_bytes())?;
+    ensure!(
+        child.wait()?.success(),
+        "kubectl apply of the drainer's rights failed"
+    );
+    Ok(())
+}
+
 /// Writes `count` records `rec-NNNN`, record `i` to the pod of ordinal `target(i)`; returns
 /// key → value.
 pub async fn write_records(

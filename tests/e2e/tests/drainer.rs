@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use drain_api::names::claim_name;
-use e2e::faults::{apply_example, store_of, write_records};
+use e2e::faults::{apply_example, grant_drainer_rights, store_of, write_records};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -169,10 +169,13 @@ async fn hook_mode_reruns_the_retry_exit_code_then_succeeds() -> Result<()> {
     // restartPolicy Never any other failure would fail the pod and show as DrainFailed.
     let script = "if [ ! -e /data/.tried ]; then touch /data/.tried; echo retry please; exit 75; fi; \
                   test \"$DRAIN_DATA_DIR\" = /data && test \"$DRAIN_ORDINAL\" = 1 && test -e /data/owner";
+    // The drainer checks through the API that /data is the drained claim: its account needs
+    // the rights the example's drain pods have (without them the drain fails closed).
+    grant_drainer_rights(&ns, "hook-drainer")?;
     let mut template: serde_json::Value = serde_json::from_str(&drain_template(
         script,
         &["data"],
-        json!({"restartPolicy": "Never"}),
+        json!({"restartPolicy": "Never", "serviceAccountName": "hook-drainer"}),
     ))?;
     let container = &mut template["spec"]["containers"][0];
     container["image"] = json!("statefulset-drain.local/drainer-hook:test");
