@@ -653,18 +653,7 @@ impl ControllerIdentity {
                 "namespace: statefulset-drain-system",
                 &format!("namespace: {}", self.ns),
             );
-        let mut child = kubectl()
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("kubectl stdin")?
-            .write_all(text.as_bytes())?;
-        ensure!(child.wait()?.success(), "kubectl apply of the Role failed");
-        Ok(())
+        kubectl_apply(&text, "the Role")
     }
 
     /// Waits until the API server's answer to "may the account `verb` `resource`?" is `allowed`
@@ -763,6 +752,11 @@ pub fn grant_drainer_rights(ns: &TestNamespace, account: &str) -> Result<()> {
          subjects: [{{kind: ServiceAccount, name: {account}, namespace: {ns}}}]\n",
         ns = ns.name
     );
+    kubectl_apply(&text, "the drainer's rights")
+}
+
+/// `kubectl apply` of the manifests in `text` (`what` names them in the error).
+pub fn kubectl_apply(text: &str, what: &str) -> Result<()> {
     let mut child = crate::kubectl()
         .args(["apply", "-f", "-"])
         .stdin(std::process::Stdio::piped())
@@ -773,11 +767,28 @@ pub fn grant_drainer_rights(ns: &TestNamespace, account: &str) -> Result<()> {
         .take()
         .context("kubectl stdin")?
         .write_all(text.as_bytes())?;
-    ensure!(
-        child.wait()?.success(),
-        "kubectl apply of the drainer's rights failed"
-    );
+    ensure!(child.wait()?.success(), "kubectl apply of {what} failed");
     Ok(())
+}
+
+/// What the datastore pods of `ordinals` hold (pod name → key → value), read through the API
+/// of each.
+pub async fn held_by(
+    ns: &TestNamespace,
+    ordinals: std::ops::Range<i32>,
+) -> Result<checker::records::Held> {
+    let mut held = checker::records::Held::new();
+    for o in ordinals {
+        let store = store_of(ns, o).await?;
+        let mut records = BTreeMap::new();
+        for key in store.list().await? {
+            if let Some(value) = store.get(&key).await? {
+                records.insert(key, value);
+            }
+        }
+        held.insert(drain_api::names::pod_name(DATASTORE, o), records);
+    }
+    Ok(held)
 }
 
 /// Writes `count` records `rec-NNNN`, record `i` to the pod of ordinal `target(i)`; returns

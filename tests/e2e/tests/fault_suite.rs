@@ -27,7 +27,7 @@ use checker::records::{Outcome, Writes};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use drain_api::names::{claim_name, pod_name};
 use e2e::faults::{
-    DATASTORE, apply_example, release_set_finalizers_on_drop, store_of, write_records,
+    DATASTORE, apply_example, held_by, release_set_finalizers_on_drop, write_records,
 };
 use e2e::objects::{SetBuilder, drain_template, edit_template};
 use e2e::ops::*;
@@ -209,17 +209,7 @@ async fn every_datastore_record_survives_flapping_scales_and_controller_kills() 
     let mut problems = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let mut held = BTreeMap::new();
-        for o in 0..2 {
-            let store = store_of(&ns, o).await?;
-            let mut records = BTreeMap::new();
-            for key in store.list().await? {
-                if let Some(v) = store.get(&key).await? {
-                    records.insert(key, v);
-                }
-            }
-            held.insert(pod_name(DATASTORE, o), records);
-        }
+        let held = held_by(&ns, 0..2).await?;
         problems = writes.check(&held);
         if problems.is_empty() {
             break;

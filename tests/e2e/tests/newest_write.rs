@@ -9,11 +9,10 @@
 //! ([`checker::records::Writes`]), not from versions. With the create-only (`412`) rule, the
 //! cancelled case lost every overwrite: the returning pod's old copy was "already there".
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use checker::records::{Held, Outcome, Writes};
+use checker::records::{Outcome, Writes};
 use drain_api::names::pod_name;
 use e2e::faults::*;
 use e2e::ops::*;
@@ -27,22 +26,6 @@ const ARGS: &str = r#""args": ["redistribute", "--data-dir", "/data", "--peer-po
 const SLOW_ARGS: &str =
     r#""args": ["redistribute", "--data-dir", "/data", "--peer-port", "8080", "--max-rate", "15""#;
 const TEMPLATE_KEY: &str = "    statefulsets.kubernetes.io/drainer-pod-template: |";
-
-/// What every pod holds, read through the datastore's API.
-async fn held(ns: &TestNamespace, ordinals: std::ops::Range<i32>) -> Result<Held> {
-    let mut held = Held::new();
-    for o in ordinals {
-        let store = store_of(ns, o).await?;
-        let mut records = BTreeMap::new();
-        for key in store.list().await? {
-            if let Some(value) = store.get(&key).await? {
-                records.insert(key, value);
-            }
-        }
-        held.insert(pod_name(DATASTORE, o), records);
-    }
-    Ok(held)
-}
 
 /// Scales 3 → 2 with a slow drain, overwrites and deletes the moved keys on their interim
 /// owners, scales back to 3 (`on_scale_up`: `cancel` or `finish`), and waits until every key
@@ -110,7 +93,7 @@ async fn interim_writes_survive_the_scale_up(on_scale_up: &str) -> Result<()> {
     // The rebalance sidecars pass every 2 s; judge once they have had their turns.
     let deadline = std::time::Instant::now() + T;
     let problems = loop {
-        let held = held(&ns, 0..3).await?;
+        let held = held_by(&ns, 0..3).await?;
         let mut problems = writes.check(&held);
         for (pod, records) in &held {
             for key in records.keys() {
