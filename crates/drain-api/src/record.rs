@@ -66,6 +66,15 @@ pub struct Version {
 }
 
 impl Version {
+    /// The version `millis.counter.node`.
+    pub fn new(millis: u64, counter: u32, node: impl Into<String>) -> Self {
+        Self {
+            millis,
+            counter,
+            node: node.into(),
+        }
+    }
+
     /// The version of a legacy record (written before versions): older than any other.
     pub const ZERO: Version = Version {
         millis: 0,
@@ -231,11 +240,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn v(millis: u64, counter: u32, node: &str) -> Version {
-        Version {
-            millis,
-            counter,
-            node: node.to_owned(),
-        }
+        Version::new(millis, counter, node)
     }
 
     #[test]

@@ -85,15 +85,8 @@ impl Client {
         if create_only {
             request = request.header(header::IF_NONE_MATCH, "*");
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|source| ClientError::Request {
-                op,
-                target: target.clone(),
-                source,
-            })?;
-        Ok((target, response.status()))
+        let status = send(op, &target, request).await?;
+        Ok((target, status))
     }
 
     /// Stores `value` under `key` only if the server has no record of that key, with
@@ -118,17 +111,8 @@ impl Client {
     pub async fn delete(&self, key: &str) -> Result<(), ClientError> {
         let op = "delete record";
         let target = self.record_url(key);
-        let response = self
-            .http
-            .delete(target.clone())
-            .send()
-            .await
-            .map_err(|source| ClientError::Request {
-                op,
-                target: target.clone(),
-                source,
-            })?;
-        expect_success(op, target, response.status())
+        let status = send(op, &target, self.http.delete(target.clone())).await?;
+        expect_success(op, target, status)
     }
 
     /// The value of `key`, or `None` if the server has no such record (or it was deleted).
@@ -193,6 +177,23 @@ impl Client {
             .extend(segments);
         url
     }
+}
+
+/// Sends `request` (to `target`, doing `op`) and answers the status.
+async fn send(
+    op: &'static str,
+    target: &Url,
+    request: reqwest::RequestBuilder,
+) -> Result<StatusCode, ClientError> {
+    let response = request
+        .send()
+        .await
+        .map_err(|source| ClientError::Request {
+            op,
+            target: target.clone(),
+            source,
+        })?;
+    Ok(response.status())
 }
 
 fn expect_success(op: &'static str, target: Url, status: StatusCode) -> Result<(), ClientError> {

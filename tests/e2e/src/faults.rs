@@ -706,21 +706,7 @@ pub fn apply_example(ns: &TestNamespace, edits: &[(&str, &str)]) -> Result<()> {
         );
         text = text.replace(from, to);
     }
-    let mut child = kubectl()
-        .args(["-n", &ns.name, "apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(text.as_bytes())?;
-    ensure!(
-        child.wait()?.success(),
-        "kubectl apply of the example failed"
-    );
-    Ok(())
+    kubectl_apply_in(Some(&ns.name), &text, "the example")
 }
 
 /// A client of the datastore pod of this ordinal.
@@ -757,8 +743,18 @@ pub fn grant_drainer_rights(ns: &TestNamespace, account: &str) -> Result<()> {
 
 /// `kubectl apply` of the manifests in `text` (`what` names them in the error).
 pub fn kubectl_apply(text: &str, what: &str) -> Result<()> {
+    kubectl_apply_in(None, text, what)
+}
+
+/// [`kubectl_apply`] into namespace `ns` (for manifests that name none), or as they say.
+pub fn kubectl_apply_in(ns: Option<&str>, text: &str, what: &str) -> Result<()> {
+    let mut args = Vec::new();
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["apply", "-f", "-"]);
     let mut child = crate::kubectl()
-        .args(["apply", "-f", "-"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()?;

@@ -171,11 +171,7 @@ mod tests {
     use super::*;
 
     fn v(millis: u64, counter: u32, node: &str) -> Version {
-        Version {
-            millis,
-            counter,
-            node: node.to_owned(),
-        }
+        Version::new(millis, counter, node)
     }
 
     #[test]

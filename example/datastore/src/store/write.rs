@@ -255,11 +255,7 @@ mod tests {
     }
 
     fn v(millis: u64, counter: u32, node: &str) -> Version {
-        Version {
-            millis,
-            counter,
-            node: node.to_owned(),
-        }
+        Version::new(millis, counter, node)
     }
 
     #[tokio::test]
