@@ -163,6 +163,21 @@ pub struct RedistributeArgs {
     )]
     pub max_rate: u32,
 
+    /// Bytes of record values sent per second at most, across all concurrent PUTs; 0 means no
+    /// limit.
+    ///
+    /// Caps the bandwidth a drain of large records takes from the remaining pods. A record
+    /// still streaming counts as progress (`bytesSent` in the progress annotation), so a
+    /// record that takes longer than `drain-stall-seconds` to send at this rate is not taken
+    /// for a stalled drain.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_BYTES_PER_SECOND",
+        default_value_t = 0,
+        value_name = "BYTES_PER_SEC"
+    )]
+    pub max_bytes_per_second: u64,
+
     /// Retries of one record's PUT after a connection error or a 5xx/408/429 answer.
     #[arg(long, env = "DRAINER_PUT_RETRIES", default_value_t = 5)]
     pub put_retries: u32,
@@ -226,6 +241,15 @@ pub struct RebalanceArgs {
     )]
     pub max_rate: u32,
 
+    /// Bytes of record values sent per second at most; 0 means no limit.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_BYTES_PER_SECOND",
+        default_value_t = 0,
+        value_name = "BYTES_PER_SEC"
+    )]
+    pub max_bytes_per_second: u64,
+
     /// A PUT fails when no byte moved and no answer came for this long.
     #[arg(long, env = "DRAINER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
@@ -263,8 +287,26 @@ pub struct ExecArgs {
     #[arg(long, env = "DRAINER_NO_PEERS")]
     pub no_peers: bool,
 
-    /// Retries at most when the command exits 75 or peer discovery fails (then the drainer
-    /// fails).
+    /// Run the command even when discovery finds no Ready peer: `DRAIN_PEERS_STATUS` is then
+    /// `not-ready` (the set has other members, none Ready) or `none` (no other members: scaled
+    /// to zero), and `DRAIN_PEERS` is empty. Without it such an attempt does not run the
+    /// command and counts as one asking for a retry, so a command that loops over an empty
+    /// `DRAIN_PEERS` cannot exit 0 having moved nothing.
+    #[arg(
+        long,
+        env = "DRAINER_RUN_WITHOUT_READY_PEERS",
+        conflicts_with = "no_peers"
+    )]
+    pub run_without_ready_peers: bool,
+
+    /// After the command exits 0, how long the processes it started (the rest of its process
+    /// group) may take to exit. If some still run then, they are stopped and the drain fails:
+    /// it is not finished while they may still be moving or writing data.
+    #[arg(long, env = "DRAINER_PROCESSES_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub processes_timeout: Duration,
+
+    /// Retries at most when the command exits 75, peer discovery fails or finds no Ready peer
+    /// (then the drainer fails).
     #[arg(long, env = "DRAINER_MAX_RETRIES", default_value_t = 10)]
     pub max_retries: u32,
 
@@ -367,6 +409,7 @@ mod tests {
         assert_eq!(r.concurrency, 8);
         assert_eq!(r.max_rounds, 6);
         assert_eq!(r.max_rate, 0, "unlimited by default");
+        assert_eq!(r.max_bytes_per_second, 0, "unlimited by default");
     }
 
     #[test]

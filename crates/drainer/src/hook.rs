@@ -9,13 +9,27 @@
 //! - anything else: the drainer exits with that code (the pod fails, the controller retries it).
 //!
 //! Peers are discovered again before each run, and [`env::PEERS_STATUS`] tells the command what
-//! came of it: `found` (the set has other members), `none` (discovery worked and the set has no
-//! other members), or `disabled` (`--no-peers`: no discovery, the peer variables are empty). If
-//! discovery *fails* (no Kubernetes API, missing RBAC, an API error), the command is **not** run:
-//! a command that ignored the peer variables would otherwise report success without having moved
-//! anything, and the controller would delete the claim. The failed discovery counts as an attempt
-//! asking for a retry, with the same backoff and limit as exit code `75`; when no retries are
-//! left the drainer fails with [`HookError::DiscoveryFailed`].
+//! came of it: `found` (at least one other member is Ready), `not-ready` (the set has other
+//! members but none is Ready), `none` (the set has no other members: it is being scaled to
+//! zero), or `disabled` (`--no-peers`: no discovery, the peer variables are empty).
+//!
+//! A naive command that loops over `DRAIN_PEERS` and exits `0` would "finish" having moved
+//! nothing when that list is empty, and the controller would delete the claim. So by default
+//! the command runs only when discovery worked **and** found a Ready peer (`found`); with
+//! `not-ready` or `none` it is not run, and the attempt counts as one asking for a retry. So
+//! does a *failed* discovery (no Kubernetes API, missing RBAC, an API error). Retries have the
+//! same backoff and limit as exit code `75`; when none are left the drainer fails with
+//! [`HookError::NoReadyPeers`] or [`HookError::DiscoveryFailed`], and the claim stays. A
+//! command that can finish without peers (it uploads the data elsewhere, or decides itself)
+//! opts in with `--run-without-ready-peers` and is then run with `not-ready` or `none` too.
+//!
+//! The command is done when its process **and every process it started** have exited: it runs
+//! in its own process group, and after it exits `0` the drainer waits for the rest of the group
+//! (a background `&` job, a daemon it forgot to stop) for up to
+//! [`Hook::processes_timeout`]. If some are still running then, they are stopped and the drain
+//! fails ([`HookError::LeftRunning`], naming them): a drain whose helpers still write is not
+//! finished. After any other exit code the rest of the group is stopped before the next run.
+//! Processes that leave the group on purpose (`setsid`, `setpgid`) are not waited for.
 //!
 //! SIGTERM and SIGINT received by the drainer are forwarded to the command's process group; after
 //! one, the command is not run again and the drainer exits with the command's code. A signal
@@ -61,10 +75,15 @@ pub mod env {
 /// The value of [`env::PEERS_STATUS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeersStatus {
-    /// `found`: discovery worked and the set has members besides the drained ordinal
-    /// (`DRAIN_MEMBER_ORDINALS` is not empty; `DRAIN_PEERS` may still be, if none is Ready).
+    /// `found`: discovery worked and at least one member besides the drained ordinal is Ready
+    /// (`DRAIN_PEERS` is not empty; members that are not Ready are only in
+    /// `DRAIN_MEMBER_ORDINALS`).
     Found,
+    /// `not-ready`: the set has other members, but none is Ready (`DRAIN_PEERS` is empty).
+    /// The command runs with it only with `--run-without-ready-peers`.
+    NotReady,
     /// `none`: discovery worked and the set has no other members (it is being scaled to zero).
+    /// The command runs with it only with `--run-without-ready-peers`.
     NoMembers,
     /// `disabled`: `--no-peers`; there was no discovery and the peer variables are empty.
     Disabled,
@@ -75,6 +94,8 @@ impl PeersStatus {
     pub fn of(set: &PeerSet) -> Self {
         if set.members.is_empty() {
             Self::NoMembers
+        } else if set.ready.is_empty() {
+            Self::NotReady
         } else {
             Self::Found
         }
@@ -84,6 +105,7 @@ impl PeersStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Found => "found",
+            Self::NotReady => "not-ready",
             Self::NoMembers => "none",
             Self::Disabled => "disabled",
         }
@@ -119,7 +141,15 @@ pub struct Hook {
     pub env: Vec<(String, String)>,
     /// Retries.
     pub retry: RetryPolicy,
+    /// Run the command when discovery found no Ready peer (`not-ready`, `none`) too.
+    pub run_without_ready_peers: bool,
+    /// After the command exits `0`, how long the other processes of its group may take to
+    /// exit before the drain fails.
+    pub processes_timeout: Duration,
 }
+
+/// How long the processes left of a group get between `SIGTERM` and `SIGKILL`.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// Where SIGTERM and SIGINT come from: this process's signals, or a channel (tests).
 #[derive(Debug)]
@@ -200,6 +230,33 @@ pub enum HookError {
         /// Attempts made.
         attempts: usize,
     },
+    /// Discovery found no Ready peer on the last attempt allowed, so the command was not run
+    /// then.
+    #[error(
+        "no peer was Ready to take the data (DRAIN_PEERS_STATUS={status}) on attempt \
+         {attempts}, the last allowed, so the command was not run (pass \
+         --run-without-ready-peers if it can finish without peers)",
+        status = status.as_str()
+    )]
+    NoReadyPeers {
+        /// Attempts made.
+        attempts: usize,
+        /// What discovery found.
+        status: PeersStatus,
+    },
+    /// The command exited `0`, but processes it started were still running after the wait.
+    #[error(
+        "the hook exited 0 but processes it started were still running after {}s, so the drain \
+         is not finished; they were stopped: {}",
+        waited.as_secs(),
+        processes.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    LeftRunning {
+        /// How long the drainer waited for them.
+        waited: Duration,
+        /// The processes.
+        processes: Vec<crate::group::Process>,
+    },
     /// Peer discovery failed on the last attempt allowed, so the command was not run then.
     #[error(
         "peer discovery failed on attempt {attempts}, the last allowed, so the command was not \
@@ -224,6 +281,8 @@ impl HookError {
             Self::Signals(_) => "Signals",
             Self::RetriesExhausted { .. } => "RetriesExhausted",
             Self::DiscoveryFailed { .. } => "DiscoveryFailed",
+            Self::NoReadyPeers { .. } => "NoReadyPeers",
+            Self::LeftRunning { .. } => "LeftRunning",
         }
     }
 }
@@ -234,6 +293,8 @@ enum Retry {
     Asked,
     /// Discovery failed; the command was not run.
     Discovery(PeersError),
+    /// Discovery found no Ready peer; the command was not run.
+    NoReadyPeers(PeersStatus),
 }
 
 /// How the command ended.
@@ -272,7 +333,13 @@ pub async fn run<P: PeerSource>(
             },
         };
         let retry = match peer_env {
-            Ok(peer_env) => {
+            Ok((status, _))
+                if !hook.run_without_ready_peers
+                    && matches!(status, PeersStatus::NotReady | PeersStatus::NoMembers) =>
+            {
+                Retry::NoReadyPeers(status)
+            }
+            Ok((_, peer_env)) => {
                 runs += 1;
                 let mut command = tokio::process::Command::new(program);
                 command
@@ -281,7 +348,7 @@ pub async fn run<P: PeerSource>(
                     .envs(peer_env)
                     .env(env::ATTEMPT, runs.to_string());
                 tracing::info!(attempt, run = runs, command = ?hook.command, "running hook");
-                let exit = run_command(command, program, signals, running).await?;
+                let exit = run_command(command, program, hook, signals, running).await?;
                 tracing::info!(attempt, code = exit.code, "hook exited");
                 if let Some(sig) = exit.signalled
                     && exit.code == exit_codes::SUCCESS
@@ -304,6 +371,10 @@ pub async fn run<P: PeerSource>(
                     attempts: attempt,
                     source,
                 },
+                Retry::NoReadyPeers(status) => HookError::NoReadyPeers {
+                    attempts: attempt,
+                    status,
+                },
             });
         };
         match &retry {
@@ -315,6 +386,12 @@ pub async fn run<P: PeerSource>(
                 error = %crate::error_chain(e),
                 "peer discovery failed, not running the hook without peers"
             ),
+            Retry::NoReadyPeers(status) => tracing::warn!(
+                attempt,
+                retry_in = ?delay,
+                status = status.as_str(),
+                "no peer is Ready to take the data, not running the hook (pass --run-without-ready-peers if it can finish without peers)"
+            ),
         }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
@@ -323,10 +400,12 @@ pub async fn run<P: PeerSource>(
     }
 }
 
-/// Starts `command` in its own process group and waits for it, forwarding signals to the group.
+/// Starts `command` in its own process group and waits for it, forwarding signals to the group;
+/// then waits for the rest of the group ([`settle_group`]).
 async fn run_command(
     mut command: tokio::process::Command,
     program: &OsString,
+    hook: &Hook,
     signals: &mut Signals,
     running: &ChildPid,
 ) -> Result<Exit, HookError> {
@@ -342,6 +421,7 @@ async fn run_command(
         program: program.clone(),
         source,
     })?;
+    let pgid = child.id().and_then(|pid| i32::try_from(pid).ok());
     if let Some(pid) = child.id() {
         guard.set(pid);
     }
@@ -359,15 +439,68 @@ async fn run_command(
         }
     };
     drop(guard);
-    Ok(Exit {
+    let mut exit = Exit {
         code: exit_code(status),
         signalled,
-    })
+    };
+    if let Some(pgid) = pgid {
+        settle_group(pgid, hook, &mut exit, signals).await?;
+    }
+    Ok(exit)
 }
 
-/// `DRAIN_PEERS`, `DRAIN_PEER_ORDINALS`, `DRAIN_MEMBER_ORDINALS` and `DRAIN_PEERS_STATUS` of a
-/// discovered set.
-fn peer_env(set: &PeerSet) -> [(&'static str, String); 4] {
+/// After the command exited: if it exited `0` (and was not told to stop), waits up to
+/// [`Hook::processes_timeout`] for the rest of its group, forwarding signals, and fails with
+/// [`HookError::LeftRunning`] if some still run then. Otherwise, or after a signal, stops what
+/// is left of the group.
+async fn settle_group(
+    pgid: i32,
+    hook: &Hook,
+    exit: &mut Exit,
+    signals: &mut Signals,
+) -> Result<(), HookError> {
+    if exit.code == exit_codes::SUCCESS && exit.signalled.is_none() {
+        let left = crate::group::running(pgid);
+        if left.is_empty() {
+            return Ok(());
+        }
+        let listed: Vec<String> = left.iter().map(ToString::to_string).collect();
+        tracing::info!(processes = ?listed, timeout = ?hook.processes_timeout, "the hook exited 0; waiting for the processes it started");
+        let deadline = tokio::time::Instant::now() + hook.processes_timeout;
+        loop {
+            if crate::group::running(pgid).is_empty() {
+                tracing::info!("the hook's processes have exited");
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let processes = crate::group::stop(pgid, STOP_GRACE).await;
+                return Err(HookError::LeftRunning {
+                    waited: hook.processes_timeout,
+                    processes,
+                });
+            }
+            tokio::select! {
+                () = tokio::time::sleep(crate::group::POLL) => {}
+                signal = signals.recv() => {
+                    exit.signalled = Some(signal);
+                    crate::group::signal(pgid, signal);
+                    tracing::info!(signal = %signal, "forwarded signal to the hook's processes");
+                    break;
+                }
+            }
+        }
+    }
+    let stopped = crate::group::stop(pgid, STOP_GRACE).await;
+    if !stopped.is_empty() {
+        let listed: Vec<String> = stopped.iter().map(ToString::to_string).collect();
+        tracing::warn!(processes = ?listed, "stopped processes the hook left running");
+    }
+    Ok(())
+}
+
+/// What discovery found, and `DRAIN_PEERS`, `DRAIN_PEER_ORDINALS`, `DRAIN_MEMBER_ORDINALS` and
+/// `DRAIN_PEERS_STATUS` of a discovered set.
+fn peer_env(set: &PeerSet) -> (PeersStatus, [(&'static str, String); 4]) {
     let ready: Vec<&Peer> = set.ready.values().collect();
     let status = PeersStatus::of(set);
     tracing::info!(
@@ -376,22 +509,28 @@ fn peer_env(set: &PeerSet) -> [(&'static str, String); 4] {
         status = status.as_str(),
         "discovered peers"
     );
-    [
-        (env::PEERS, join(ready.iter().map(|p| p.base_url()))),
-        (env::PEER_ORDINALS, join(ready.iter().map(|p| p.ordinal))),
-        (env::MEMBER_ORDINALS, join(set.members.iter())),
-        (env::PEERS_STATUS, status.as_str().to_owned()),
-    ]
+    (
+        status,
+        [
+            (env::PEERS, join(ready.iter().map(|p| p.base_url()))),
+            (env::PEER_ORDINALS, join(ready.iter().map(|p| p.ordinal))),
+            (env::MEMBER_ORDINALS, join(set.members.iter())),
+            (env::PEERS_STATUS, status.as_str().to_owned()),
+        ],
+    )
 }
 
 /// The peer variables with discovery disabled: all empty, status `disabled`.
-fn disabled_env() -> [(&'static str, String); 4] {
-    [
-        (env::PEERS, String::new()),
-        (env::PEER_ORDINALS, String::new()),
-        (env::MEMBER_ORDINALS, String::new()),
-        (env::PEERS_STATUS, PeersStatus::Disabled.as_str().to_owned()),
-    ]
+fn disabled_env() -> (PeersStatus, [(&'static str, String); 4]) {
+    (
+        PeersStatus::Disabled,
+        [
+            (env::PEERS, String::new()),
+            (env::PEER_ORDINALS, String::new()),
+            (env::MEMBER_ORDINALS, String::new()),
+            (env::PEERS_STATUS, PeersStatus::Disabled.as_str().to_owned()),
+        ],
+    )
 }
 
 fn join<T: ToString>(items: impl Iterator<Item = T>) -> String {
@@ -443,7 +582,8 @@ mod tests {
             members: vec![0],
             ..Default::default()
         };
-        assert_eq!(PeersStatus::of(&not_ready), PeersStatus::Found);
+        assert_eq!(PeersStatus::of(&not_ready), PeersStatus::NotReady);
+        assert_eq!(PeersStatus::NotReady.as_str(), "not-ready");
         assert_eq!(PeersStatus::Found.as_str(), "found");
         assert_eq!(PeersStatus::NoMembers.as_str(), "none");
         assert_eq!(PeersStatus::Disabled.as_str(), "disabled");

@@ -8,6 +8,7 @@
 
 pub mod claim_mount;
 pub mod cli;
+pub mod group;
 pub mod hook;
 pub mod peers;
 pub mod placement;
@@ -137,6 +138,7 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
         allow_unmounted: args.allow_unmounted_data_dir,
         concurrency: args.concurrency as usize,
         max_rate: args.max_rate,
+        max_bytes_per_second: args.max_bytes_per_second,
         put_retries: args.put_retries as usize,
         put_retry_delay: args.put_retry_delay,
         max_rounds: args.max_rounds as usize,
@@ -304,6 +306,7 @@ async fn run_rebalance(drain: &DrainContext, args: RebalanceArgs) -> Result<i32,
         local,
         concurrency: args.concurrency as usize,
         max_rate: args.max_rate,
+        max_bytes_per_second: args.max_bytes_per_second,
         idle_timeout: args.idle_timeout,
     };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -381,6 +384,8 @@ async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {
             base_delay: args.retry_base_delay,
             max_delay: args.retry_max_delay,
         },
+        run_without_ready_peers: args.run_without_ready_peers,
+        processes_timeout: args.processes_timeout,
     };
     let mut signals = hook::Signals::os()?;
     let running = reaper::ChildPid::default();

@@ -52,6 +52,8 @@ pub struct Options {
     pub concurrency: usize,
     /// Records sent per second at most; `0` is no limit.
     pub max_rate: u32,
+    /// Bytes of record values sent per second at most; `0` is no limit.
+    pub max_bytes_per_second: u64,
     /// A `PUT` fails when nothing moved for this long.
     pub idle_timeout: Duration,
 }
@@ -113,9 +115,10 @@ pub async fn rebalance_once<P: PeerSource>(
         ?members,
         "moving records this pod does not own"
     );
-    let limiter = RateLimiter::new(options.max_rate);
+    let limiter = RateLimiter::new(options.max_rate.into());
+    let wire = transfer::Wire::new(options.max_bytes_per_second);
     let results: Vec<Option<Delivered>> = futures::stream::iter(moves)
-        .map(|(key, owner)| move_one(options, &http, limiter.as_ref(), &set, key, owner))
+        .map(|(key, owner)| move_one(options, &http, limiter.as_ref(), &wire, &set, key, owner))
         .buffer_unordered(options.concurrency.max(1))
         .collect()
         .await;
@@ -137,6 +140,7 @@ async fn move_one(
     options: &Options,
     http: &reqwest::Client,
     limiter: Option<&RateLimiter>,
+    wire: &transfer::Wire,
     set: &PeerSet,
     key: String,
     owner: i32,
@@ -148,7 +152,9 @@ async fn move_one(
     }
     let url = transfer::record_url(&peer.url, &key);
     let owner = Some(transfer::Owner::of(peer));
-    let handed = match transfer::put_record(http, url, &path, options.idle_timeout, owner).await {
+    let handed = match transfer::put_record(http, url, &path, options.idle_timeout, owner, wire)
+        .await
+    {
         Ok(Some(handed)) => handed,
         Ok(None) => return None,
         Err(e) => {
@@ -212,7 +218,16 @@ async fn recover_claims_through(
         };
         let claimed = dir.join(&name);
         let url = transfer::record_url(&options.local, key);
-        match transfer::put_record(http, url, &claimed, options.idle_timeout, None).await {
+        match transfer::put_record(
+            http,
+            url,
+            &claimed,
+            options.idle_timeout,
+            None,
+            &transfer::Wire::default(),
+        )
+        .await
+        {
             Ok(Some(_)) => {
                 remove(&claimed)?;
                 recovered += 1;

@@ -55,6 +55,9 @@ pub struct Options {
     /// Every `PUT`, a retry too, waits for its turn: they start at least `1/max_rate` seconds
     /// apart (the first at once), and idle time does not build up a burst.
     pub max_rate: u32,
+    /// Bytes of record values sent per second at most, across all concurrent `PUT`s; `0`
+    /// means no limit. Caps the bandwidth a drain of large records takes from the peers.
+    pub max_bytes_per_second: u64,
     /// Retries of one `PUT` after a connection error, an idle timeout, or a `5xx`/`408`/`429`.
     pub put_retries: usize,
     /// First delay between `PUT` retries (doubles each time, with jitter).
@@ -84,6 +87,7 @@ impl Options {
             allow_unmounted: false,
             concurrency: 8,
             max_rate: 0,
+            max_bytes_per_second: 0,
             put_retries: 5,
             put_retry_delay: Duration::from_millis(200),
             max_rounds: 6,
@@ -310,11 +314,13 @@ pub async fn redistribute<P: PeerSource>(
         });
     }
     let http = transfer::client(options.idle_timeout).map_err(RedistributeError::HttpClient)?;
-    let limiter = RateLimiter::new(options.max_rate);
+    let limiter = RateLimiter::new(options.max_rate.into());
+    let wire = transfer::Wire::new(options.max_bytes_per_second);
     let mut progress = Progress::new(
         listing.records.len(),
         listing.bytes(),
         options.progress.clone(),
+        wire.counter(),
     );
     tracing::info!(
         data_dir = %dir.display(),
@@ -322,6 +328,7 @@ pub async fn redistribute<P: PeerSource>(
         records = listing.records.len(),
         bytes = listing.bytes(),
         max_rate = options.max_rate,
+        max_bytes_per_second = options.max_bytes_per_second,
         "starting redistribution"
     );
     progress.publish().await;
@@ -348,6 +355,7 @@ pub async fn redistribute<P: PeerSource>(
                     http: &http,
                     peers: &set,
                     limiter: limiter.as_ref(),
+                    wire: &wire,
                     down: Mutex::default(),
                 };
                 round.run(std::mem::take(&mut names), &mut progress).await?
@@ -415,6 +423,8 @@ struct Round<'a> {
     peers: &'a PeerSet,
     /// Spaces out the `PUT`s (`None`: no limit). Shared by the rounds of a run.
     limiter: Option<&'a RateLimiter>,
+    /// Caps and counts the bytes sent. Shared by the rounds of a run.
+    wire: &'a transfer::Wire,
     /// Owners that stopped answering this round: their other records wait for the next one.
     down: Mutex<HashSet<i32>>,
 }
@@ -497,6 +507,7 @@ impl Round<'_> {
                 path_ref,
                 self.options.idle_timeout,
                 Some(transfer::Owner::of(peer)),
+                self.wire,
             )
             .await
         };

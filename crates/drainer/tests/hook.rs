@@ -34,6 +34,8 @@ fn hook(command: Vec<OsString>, env: &[(&str, &str)], max_retries: usize) -> Hoo
             base_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(40),
         },
+        run_without_ready_peers: false,
+        processes_timeout: Duration::from_secs(10),
     }
 }
 
@@ -219,19 +221,106 @@ async fn context_and_peers_are_in_the_environment() {
 }
 
 #[tokio::test]
-async fn a_set_without_other_members_is_status_none() {
+async fn without_a_ready_peer_a_naive_hook_is_not_run_and_the_drain_fails() {
+    // A script that copies to each of $DRAIN_PEERS and exits 0 would move nothing with an
+    // empty list. Scaled to zero (no other members) or with no member Ready, it is not run.
+    let not_ready = PeerSet {
+        members: vec![0, 1],
+        ..PeerSet::default()
+    };
+    for (set, status) in [(PeerSet::default(), "none"), (not_ready, "not-ready")] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let env = [("LOG", log.to_str().unwrap())];
+        let script =
+            r#"for p in $(echo "$DRAIN_PEERS" | tr , ' '); do :; done; echo run >> "$LOG""#;
+        let discovery = Discovery::Source(StaticPeers(set));
+        let err = run(&hook(sh(script), &env, 2), &discovery)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, HookError::NoReadyPeers { attempts: 3, status: s } if s.as_str() == status),
+            "{err:?}"
+        );
+        assert!(drainer::error_chain(&err).contains(&format!("DRAIN_PEERS_STATUS={status}")));
+        assert_eq!(runs(&log), 0, "[{status}] the hook never ran");
+    }
+}
+
+#[tokio::test]
+async fn a_hook_that_opts_in_runs_without_ready_peers_and_is_told_so() {
+    let not_ready = PeerSet {
+        members: vec![0, 1],
+        ..PeerSet::default()
+    };
+    for (set, status, members) in [
+        (PeerSet::default(), "none", ""),
+        (not_ready, "not-ready", "0,1"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("env");
+        let env = [("OUT", out.to_str().unwrap())];
+        let discovery = Discovery::Source(StaticPeers(set));
+        let opted_in = Hook {
+            run_without_ready_peers: true,
+            ..hook(sh(r#"env > "$OUT""#), &env, 0)
+        };
+        assert_eq!(run(&opted_in, &discovery).await.unwrap(), 0);
+        let seen = read_env(&out);
+        assert_eq!(seen["DRAIN_PEERS_STATUS"], status);
+        assert_eq!(seen["DRAIN_PEERS"], "");
+        assert_eq!(seen["DRAIN_MEMBER_ORDINALS"], members);
+    }
+}
+
+#[tokio::test]
+async fn a_hook_that_exits_0_is_done_only_once_the_processes_it_started_have_exited() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("env");
-    let env = [("OUT", out.to_str().unwrap())];
-    let discovery = Discovery::Source(StaticPeers(PeerSet::default()));
-    let code = run(&hook(sh(r#"env > "$OUT""#), &env, 0), &discovery)
-        .await
-        .unwrap();
+    let marker = dir.path().join("copied");
+    let env = [("MARKER", marker.to_str().unwrap())];
+    // The copy runs in the background; the script itself exits 0 at once.
+    let script = r#"(sleep 1.5; touch "$MARKER") & exit 0"#;
+    let started = Instant::now();
+    let code = run(&hook(sh(script), &env, 0), &disabled()).await.unwrap();
     assert_eq!(code, 0);
-    let seen = read_env(&out);
-    assert_eq!(seen["DRAIN_PEERS_STATUS"], "none");
-    assert_eq!(seen["DRAIN_PEERS"], "");
-    assert_eq!(seen["DRAIN_MEMBER_ORDINALS"], "");
+    assert!(
+        marker.exists(),
+        "the drain finished before the background copy did ({:?})",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_hook_that_leaves_a_process_running_is_no_finished_drain_and_the_process_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let env = [("PIDFILE", pidfile.to_str().unwrap())];
+    // A daemon the script forgot to stop.
+    let script = r#"sleep 1000 & echo $! > "$PIDFILE"; exit 0"#;
+    let impatient = Hook {
+        processes_timeout: Duration::from_millis(500),
+        ..hook(sh(script), &env, 0)
+    };
+    let err = run(&impatient, &disabled()).await.unwrap_err();
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let HookError::LeftRunning { processes, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(processes.len(), 1, "{processes:?}");
+    assert_eq!(processes[0].pid, pid);
+    assert_eq!(processes[0].command, "sleep 1000");
+    let message = drainer::error_chain(&err);
+    assert!(message.contains("sleep 1000"), "{message}");
+    // Stopped: gone, or a zombie waiting for whoever adopted it.
+    let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| drainer::group::parse_stat(&stat).map(|(_, state, _)| state != 'Z'))
+        .unwrap_or(false);
+    assert!(!alive, "the leftover process still runs");
 }
 
 #[tokio::test]
@@ -573,11 +662,12 @@ fn binary_reaps_the_orphans_the_hook_leaves() {
     let home = tempfile::tempdir().unwrap();
     let pid_file = home.path().join("orphan.pid");
     let second = home.path().join("second");
-    // The first run leaves a background process behind and asks for a retry; the second keeps
-    // the drainer busy while the orphan exits.
+    // The first run leaves a background process behind, outside its process group (which the
+    // drainer would stop), and asks for a retry; the second keeps the drainer busy while the
+    // orphan exits.
     let script = r#"
         if [ "$DRAIN_HOOK_ATTEMPT" = 1 ]; then
-            sleep 1 >/dev/null 2>&1 &
+            setsid sleep 1 >/dev/null 2>&1 &
             echo $! > "$PID_FILE.tmp" && mv "$PID_FILE.tmp" "$PID_FILE"
             exit 75
         fi

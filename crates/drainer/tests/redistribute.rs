@@ -657,6 +657,58 @@ async fn max_rate_caps_records_per_second_across_concurrent_puts() {
 }
 
 #[tokio::test]
+async fn a_large_record_under_a_byte_cap_shows_bytes_on_the_wire_before_it_is_handed_over() {
+    // 384 KiB at 128 KiB/s: six 64 KiB chunks, the first at once, the last 2.5 s later. The
+    // idle timeout (200 ms) is shorter than the wait for one chunk's turn: waiting for the cap
+    // is not idleness.
+    let owner = Datastore::start(0).await;
+    let data = tempfile::tempdir().unwrap();
+    let value: Vec<u8> = (0..384 * 1024).map(|i| (i % 251) as u8).collect();
+    std::fs::write(data.path().join("big"), &value).unwrap();
+    let wire = drainer::redistribute::transfer::Wire::new(128 * 1024);
+    let http = drainer::redistribute::transfer::client(Duration::from_millis(200)).unwrap();
+    let peer = owner.peer();
+    let url = drainer::redistribute::record_url(&peer.url, "big");
+    let path = data.path().join("big");
+    let started = Instant::now();
+    let put = drainer::redistribute::transfer::put_record(
+        &http,
+        url,
+        &path,
+        Duration::from_millis(200),
+        Some(drainer::redistribute::transfer::Owner::of(&peer)),
+        &wire,
+    );
+    tokio::pin!(put);
+    // Mid-transfer, the bytes sent grow though no record is done.
+    let mut seen = Vec::new();
+    let handed = loop {
+        tokio::select! {
+            done = &mut put => break done.unwrap().unwrap(),
+            () = tokio::time::sleep(Duration::from_millis(400)) => seen.push(wire.sent()),
+        }
+    };
+    let elapsed = started.elapsed();
+    eprintln!("bytes sent, every 400 ms: {seen:?}; handed over after {elapsed:?}");
+    assert_eq!(handed.delivered, drainer::redistribute::Delivered::Stored);
+    assert_eq!(wire.sent(), value.len() as u64);
+    assert!(
+        elapsed >= Duration::from_millis(2_400),
+        "the cap was not applied: {elapsed:?}"
+    );
+    let partial: Vec<&u64> = seen
+        .iter()
+        .filter(|&&b| b > 0 && b < value.len() as u64)
+        .collect();
+    assert!(
+        partial.len() >= 3,
+        "bytes on the wire grew mid-record: {seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    assert_eq!(owner.records().await["big"], value);
+}
+
+#[tokio::test]
 async fn a_newer_write_on_the_owner_is_never_overwritten() {
     // After the scale-down clients write some keys to their new owner at once; the drain must
     // not put the old values over them. The same happens after a restart between an
@@ -920,6 +972,7 @@ async fn rebalance_moves_what_a_pod_does_not_own_to_its_owner_and_keeps_newer_va
         local: Url::parse(&format!("http://{}", servers[0].addr)).unwrap(),
         concurrency: 4,
         max_rate: 0,
+        max_bytes_per_second: 0,
         idle_timeout: Duration::from_secs(10),
     };
     let pass = drainer::rebalance::rebalance_once(&options, 0, &StaticPeers(set.clone()))
@@ -979,6 +1032,7 @@ async fn after_a_cancelled_drain_the_interim_writes_and_deletes_replace_the_retu
         local: Url::parse(&format!("http://{}", servers[0].addr)).unwrap(),
         concurrency: 4,
         max_rate: 0,
+        max_bytes_per_second: 0,
         idle_timeout: Duration::from_secs(10),
     };
     for _ in 0..2 {
@@ -1013,6 +1067,7 @@ async fn rebalance_moves_nothing_from_a_pod_being_scaled_down_or_to_an_owner_not
         local: Url::parse(&format!("http://{}", server.addr)).unwrap(),
         concurrency: 4,
         max_rate: 0,
+        max_bytes_per_second: 0,
         idle_timeout: Duration::from_secs(10),
     };
     // Not a member any more: its drain moves the data, not the rebalance.

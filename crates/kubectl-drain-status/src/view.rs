@@ -886,6 +886,7 @@ beta        web   1         waiting   -         -     -          -              
             records_remaining,
             bytes_moved,
             bytes_remaining,
+            bytes_sent: bytes_moved,
             changed_at: NOW.into(),
         };
         assert_eq!(format_progress(&p), want);

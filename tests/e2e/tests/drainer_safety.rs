@@ -220,6 +220,52 @@ async fn a_drain_without_progress_for_the_stall_time_is_retried() -> Result<()> 
 }
 
 #[tokio::test]
+async fn a_single_record_that_takes_longer_than_the_stall_time_to_send_is_no_stall() -> Result<()> {
+    // One 5 MiB record at 256 KiB/s takes 20 s to send; the stall time is 6 s. No record
+    // finishes before 20 s, so only the bytes on the wire (`bytesSent`) show progress: counted
+    // by records alone, the drain was deleted as stalled every 6 s and never finished.
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-big-record").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let capped =
+        format!(r#"{ARGS}, "--max-bytes-per-second", "262144", "--progress-interval", "1s""#);
+    let template_key = "    statefulsets.kubernetes.io/drainer-pod-template: |";
+    let stall =
+        format!("    statefulsets.kubernetes.io/drain-stall-seconds: \"6\"\n{template_key}");
+    apply_example(&ns, &[(ARGS, &capped), (template_key, &stall)])?;
+    wait_running(&ns, &pod_names(DATASTORE, 0..3)).await?;
+    let key = (0..)
+        .map(|i| format!("big-{i}"))
+        .find(|k| drainer::placement::owner(k, &[0, 1, 2]) == 2)
+        .context("a key of ordinal 2")?;
+    let value: Vec<u8> = (0..5u32 << 20).map(|i| (i % 253) as u8).collect();
+    store_of(&ns, 2).await?.put(&key, value.clone()).await?;
+    let started = std::time::Instant::now();
+
+    scale(&ns, DATASTORE, 2).await?;
+    let first = wait_drain_pod(&ns, "datastore-2", Some("Running")).await?;
+    wait_claim_gone(&ns, "data-datastore-2", T).await?;
+    let took = started.elapsed();
+    let stalled = events(&ns, "DrainStalled").await?;
+    ensure!(stalled.is_empty(), "taken for stalled: {stalled:?}");
+    ensure!(
+        took >= Duration::from_secs(15),
+        "the drain took only {took:?}: the byte cap did not apply, so this proves nothing"
+    );
+    let owner = drainer::placement::owner(&key, &[0, 1]);
+    let held = store_of(&ns, owner).await?.get(&key).await?;
+    ensure!(
+        held.as_deref() == Some(value.as_slice()),
+        "the record on its owner differs"
+    );
+    eprintln!(
+        "one 5 MiB record drained in {took:?} under a 6 s stall time, by drain pod {:?}",
+        first.metadata.uid
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn after_3_to_1_to_3_every_record_is_on_its_owner_again() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "drainer-rebalance").await?;

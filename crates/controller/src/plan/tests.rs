@@ -1859,6 +1859,7 @@ fn progress(moved: u64, changed_at: Timestamp) -> DrainProgress {
         records_remaining: 10,
         bytes_moved: moved * 100,
         bytes_remaining: 1000,
+        bytes_sent: moved * 100,
         changed_at: changed_at.to_string(),
     }
 }

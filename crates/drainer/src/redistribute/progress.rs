@@ -1,6 +1,8 @@
 //! Progress of a redistribution: counters, log lines, and the
 //! [`PROGRESS`](drain_api::pod_annotations::PROGRESS) annotation on the drain pod itself.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use drain_api::pod_annotations;
@@ -62,20 +64,29 @@ pub struct Progress {
     pub bytes: u64,
     /// Of [`records`](Self::records), those whose owner held a newer write (its copy kept).
     pub newer_there: u64,
+    /// Bytes handed to connections so far, records in flight and retries included.
+    sent: Arc<AtomicU64>,
     started: Instant,
     publisher: Option<PodAnnotator>,
     published: Option<DrainProgress>,
 }
 
 impl Progress {
-    /// Counters for `records` records of `bytes` bytes, published through `publisher`.
-    pub fn new(records: usize, bytes: u64, publisher: Option<PodAnnotator>) -> Self {
+    /// Counters for `records` records of `bytes` bytes, published through `publisher`; `sent`
+    /// counts the bytes the transfers put on the wire.
+    pub fn new(
+        records: usize,
+        bytes: u64,
+        publisher: Option<PodAnnotator>,
+        sent: Arc<AtomicU64>,
+    ) -> Self {
         Self {
             records_total: records as u64,
             bytes_total: bytes,
             records: 0,
             bytes: 0,
             newer_there: 0,
+            sent,
             started: Instant::now(),
             publisher,
             published: None,
@@ -102,6 +113,7 @@ impl Progress {
             records_remaining: self.records_total.saturating_sub(self.records),
             bytes_moved: self.bytes,
             bytes_remaining: self.bytes_total.saturating_sub(self.bytes),
+            bytes_sent: self.sent.load(Ordering::Relaxed),
             changed_at: jiff::Timestamp::now().to_string(),
         }
     }
@@ -132,6 +144,7 @@ impl Progress {
             records_newer_there = self.newer_there,
             records_total = self.records_total,
             bytes_moved = self.bytes,
+            bytes_sent = self.sent.load(Ordering::Relaxed),
             elapsed_secs = format!("{secs:.1}"),
             records_per_sec = format!("{:.1}", self.records as f64 / secs),
             mib_per_sec = format!("{:.2}", self.bytes as f64 / secs / (1024.0 * 1024.0)),

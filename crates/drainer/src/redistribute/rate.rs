@@ -1,44 +1,51 @@
-//! Spacing out `PUT`s: [`RateLimiter`] caps how many start per second across every transfer.
+//! Spacing out work: [`RateLimiter`] caps how many units (`PUT`s, or bytes sent) go per second
+//! across every transfer sharing it.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Caps how many `PUT`s start per second, across every task sharing it.
+use tokio::time::Instant;
+
+/// Caps how many units (requests, bytes) go per second, across every task sharing it.
 ///
-/// Each caller reserves the next free slot, `period` after the previous slot or now, whichever
-/// is later, and sleeps until it: slots are at least `period` apart, the first is immediate,
-/// and time spent idle does not accumulate into a burst.
+/// Each caller reserves the next free span for its units, starting where the previous span
+/// ended or now, whichever is later, and sleeps until its start: spans never overlap, the first
+/// starts at once, and time spent idle does not accumulate into a burst.
 #[derive(Debug)]
 pub struct RateLimiter {
-    period: Duration,
-    next: Mutex<tokio::time::Instant>,
+    per_second: u64,
+    next: Mutex<Instant>,
 }
 
 impl RateLimiter {
-    /// A limiter for `per_second` starts a second, or `None` for `0` (no limit).
-    pub fn new(per_second: u32) -> Option<Self> {
-        if per_second == 0 {
-            return None;
-        }
-        // Rounded up, so the rate never exceeds `per_second`.
-        let nanos = 1_000_000_000u64.div_ceil(u64::from(per_second));
-        Some(Self {
-            period: Duration::from_nanos(nanos),
-            next: Mutex::new(tokio::time::Instant::now()),
+    /// A limiter for `per_second` units a second, or `None` for `0` (no limit).
+    pub fn new(per_second: u64) -> Option<Self> {
+        (per_second > 0).then(|| Self {
+            per_second,
+            next: Mutex::new(Instant::now()),
         })
     }
 
-    /// Waits for this caller's turn.
+    /// How long `units` take at this rate, rounded up so the rate is never exceeded.
+    pub fn span(&self, units: u64) -> Duration {
+        let nanos = (u128::from(units) * 1_000_000_000).div_ceil(u128::from(self.per_second));
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Reserves the next span for `units` and answers when it starts (now, or later).
+    pub fn reserve(&self, units: u64) -> Instant {
+        let now = Instant::now();
+        let mut next = self.next.lock().expect("lock poisoned");
+        let start = (*next).max(now);
+        *next = start + self.span(units);
+        start
+    }
+
+    /// Waits for one unit's turn (one request).
     pub async fn wait_turn(&self) {
-        let now = tokio::time::Instant::now();
-        let slot = {
-            let mut next = self.next.lock().expect("lock poisoned");
-            let slot = (*next).max(now);
-            *next = slot + self.period;
-            slot
-        };
-        if slot > now {
-            tokio::time::sleep_until(slot).await;
+        let turn = self.reserve(1);
+        if turn > Instant::now() {
+            tokio::time::sleep_until(turn).await;
         }
     }
 }
@@ -53,12 +60,12 @@ mod tests {
 
         assert!(RateLimiter::new(0).is_none(), "0 is no limit");
         assert_eq!(
-            RateLimiter::new(3).unwrap().period,
+            RateLimiter::new(3).unwrap().span(1),
             Duration::from_nanos(333_333_334),
             "rounded up"
         );
         assert_eq!(
-            RateLimiter::new(u32::MAX).unwrap().period,
+            RateLimiter::new(u64::from(u32::MAX)).unwrap().span(1),
             Duration::from_nanos(1)
         );
 
@@ -72,5 +79,22 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(limiter.wait_turn().now_or_never().is_some());
         assert!(limiter.wait_turn().now_or_never().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_are_spaced_by_their_count() {
+        // 1,000 bytes a second: 500 bytes now, the next 500 half a second later, then 2,000
+        // bytes one second after that, and the next span two seconds after those.
+        let limiter = RateLimiter::new(1_000).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(limiter.reserve(500), t0);
+        assert_eq!(limiter.reserve(500), t0 + Duration::from_millis(500));
+        assert_eq!(limiter.reserve(2_000), t0 + Duration::from_secs(1));
+        assert_eq!(limiter.reserve(1), t0 + Duration::from_secs(3));
+        assert_eq!(
+            RateLimiter::new(3).unwrap().span(u64::MAX),
+            Duration::from_nanos(u64::MAX),
+            "saturates"
+        );
     }
 }

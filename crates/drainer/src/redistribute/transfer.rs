@@ -45,11 +45,47 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::time::Instant;
 use url::Url;
 
+use super::rate::RateLimiter;
+
 /// Size of the chunks a record file is read and sent in.
 pub const CHUNK_BYTES: usize = 64 * 1024;
 
 /// Most bytes of an error answer's body read (and quoted in the error).
 pub const MAX_ERROR_BODY: usize = 4 * 1024;
+
+/// What every transfer of a run shares: the cap on bytes sent per second, and the count of
+/// bytes sent so far.
+///
+/// The count grows while a record streams, chunk by chunk (retries included), so a record that
+/// takes minutes to send still shows progress; the drain's
+/// [`bytesSent`](drain_api::progress::DrainProgress::bytes_sent) publishes it.
+#[derive(Clone, Debug, Default)]
+pub struct Wire {
+    /// Caps the bytes of record values sent per second, across every transfer (`None`: no cap).
+    limiter: Option<Arc<RateLimiter>>,
+    /// Bytes of record values handed to the connection so far.
+    sent: Arc<AtomicU64>,
+}
+
+impl Wire {
+    /// A wire capped at `bytes_per_second` (`0`: no cap).
+    pub fn new(bytes_per_second: u64) -> Self {
+        Self {
+            limiter: RateLimiter::new(bytes_per_second).map(Arc::new),
+            sent: Arc::default(),
+        }
+    }
+
+    /// Bytes sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// The counter of bytes sent, shared.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.sent)
+    }
+}
 
 /// The pod a handover is meant for, as read from the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,14 +284,15 @@ pub fn record_url(base: &Url, key: &str) -> Url {
 }
 
 /// Hands the record file at `path` over to `url` (a versioned `PUT` streaming its value),
-/// meant for the pod `owner` (`None`: this pod's own server, on loopback). `Ok(None)` if the
-/// file is gone.
+/// meant for the pod `owner` (`None`: this pod's own server, on loopback), at the pace of
+/// `wire`, counted in it. `Ok(None)` if the file is gone.
 pub async fn put_record(
     http: &reqwest::Client,
     url: Url,
     path: &Path,
     idle: Duration,
     owner: Option<Owner<'_>>,
+    wire: &Wire,
 ) -> Result<Option<Handed>, PutError> {
     let mut file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
@@ -266,9 +303,25 @@ pub async fn put_record(
     let (sent, value_len) = read_header(&mut file).await.map_err(PutError::ReadFile)?;
     let start = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
-    let touch = Arc::clone(&last);
-    let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK_BYTES).inspect(move |_| {
-        touch.store(elapsed_ms(start), Ordering::Relaxed);
+    let (touch, wire) = (Arc::clone(&last), wire.clone());
+    let body = tokio_util::io::ReaderStream::with_capacity(file, CHUNK_BYTES).then(move |chunk| {
+        let (touch, wire) = (Arc::clone(&touch), wire.clone());
+        async move {
+            if let Ok(bytes) = &chunk {
+                let len = bytes.len() as u64;
+                if let Some(limiter) = &wire.limiter {
+                    // Waiting for the byte cap is not idleness: the wait ends in the future.
+                    let turn = limiter.reserve(len);
+                    touch.store(ms_between(start, turn), Ordering::Relaxed);
+                    if turn > Instant::now() {
+                        tokio::time::sleep_until(turn).await;
+                    }
+                }
+                wire.sent.fetch_add(len, Ordering::Relaxed);
+            }
+            touch.store(elapsed_ms(start), Ordering::Relaxed);
+            chunk
+        }
     });
     let mut request = http
         .put(url)
@@ -334,7 +387,11 @@ async fn bounded_text(response: reqwest::Response) -> String {
 }
 
 fn elapsed_ms(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    ms_between(start, Instant::now())
+}
+
+fn ms_between(start: Instant, then: Instant) -> u64 {
+    u64::try_from(then.saturating_duration_since(start).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs `work` until it completes, or fails with [`PutError::Idle`] once `last` (ms after
