@@ -77,8 +77,12 @@ pub fn is_drain_pod_of(meta: &ObjectMeta, set: &str, set_uid: &str) -> bool {
     labelled_drain_pod_of(meta, set) && owned
 }
 
+/// Most characters of a failed container's termination message quoted in its failure reason.
+pub const FAILURE_MESSAGE_CHARS: usize = 600;
+
 /// Why a drain pod failed, in a few words: the pod's reason (e.g. Evicted) or the first
-/// container that exited non-zero (now or on its last run).
+/// container that exited non-zero (now or on its last run), with the start of its termination
+/// message (the `drainer` writes its error there).
 pub fn failure_reason(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
     if let Some(reason) = &status.reason {
@@ -97,8 +101,18 @@ pub fn failure_reason(pod: &Pod) -> Option<String> {
             .filter(|t| t.exit_code != 0)
             .or_else(|| c.last_state.as_ref()?.terminated.as_ref())?;
         (term.exit_code != 0).then(|| {
+            let message = term
+                .message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(|m| match m.char_indices().nth(FAILURE_MESSAGE_CHARS) {
+                    Some((cut, _)) => format!(": {}…", &m[..cut]),
+                    None => format!(": {m}"),
+                })
+                .unwrap_or_default();
             format!(
-                "container {} exited with code {}{}",
+                "container {} exited with code {}{}{message}",
                 c.name,
                 term.exit_code,
                 term.reason
@@ -679,6 +693,33 @@ mod tests {
         assert_eq!(
             failure_reason(&evicted).as_deref(),
             Some("Evicted: low on memory")
+        );
+        let told: Pod = serde_json::from_value(serde_json::json!({
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": "drainer", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "reason": "Error",
+                    "message": "drain failed: 1 entry is not a record\n"}}
+            }]}
+        }))
+        .unwrap();
+        assert_eq!(
+            failure_reason(&told).as_deref(),
+            Some(
+                "container drainer exited with code 1 (Error): drain failed: 1 entry is not a record"
+            )
+        );
+        let long: Pod = serde_json::from_value(serde_json::json!({
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": "drainer", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "message": "é".repeat(2000)}}
+            }]}
+        }))
+        .unwrap();
+        let reason = failure_reason(&long).unwrap();
+        assert!(reason.ends_with('…'));
+        assert_eq!(
+            reason.chars().filter(|c| *c == 'é').count(),
+            FAILURE_MESSAGE_CHARS
         );
     }
 }

@@ -27,6 +27,27 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// Longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 200;
+
+/// Whether `key` is a valid record key, and so a record file's name: 1 to [`MAX_KEY_LEN`]
+/// characters of `[A-Za-z0-9._-]`, not starting with `.` (names starting with `.` are the
+/// server's own files).
+pub fn valid_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_KEY_LEN
+        && !key.starts_with('.')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Prefix of the temporary files of writes in progress (never acknowledged: not records).
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// The server's clock file (its high-water mark), and the prefix of its temporary copy.
+pub const CLOCK_FILE: &str = ".clock";
+
 /// HTTP header carrying a record's version (sent with a handover, answered by the owner and by
 /// client writes).
 pub const VERSION_HEADER: &str = "x-record-version";

@@ -206,6 +206,19 @@ pub struct RedistributeArgs {
     #[arg(long, env = "DRAINER_ALLOW_UNMOUNTED_DATA_DIR")]
     pub allow_unmounted_data_dir: bool,
 
+    /// An entry of the data directory that is not a record but may be deleted with the claim:
+    /// an exact name, or a prefix ending with `*` (repeat the flag, or separate with commas).
+    /// Any other entry that is neither a record nor the datastore's own file (a subdirectory,
+    /// a dot file, a name that is not a valid key, a lost+found holding recovered files) fails
+    /// the drain by name after the records moved, and the claim stays.
+    #[arg(
+        long,
+        env = "DRAINER_LEAVE_BEHIND",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub leave_behind: Vec<String>,
+
     /// Do not publish progress on the drain pod (the `drain-progress` annotation, which needs
     /// `patch` on pods).
     #[arg(long, env = "DRAINER_NO_PROGRESS_ANNOTATION")]

@@ -146,6 +146,7 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
         idle_timeout: args.idle_timeout,
         progress_interval: args.progress_interval,
         progress,
+        leave_behind: args.leave_behind,
     };
     // On SIGTERM/SIGINT (the drain pod deleted, evicted, or its node drained) stop at once:
     // dropping the run cancels the PUTs in flight, and a file is deleted only after its PUT was
@@ -196,6 +197,31 @@ pub fn record_completion(drain: &DrainContext) -> Result<(), Error> {
     })?;
     tracing::info!(path = %drain.termination_log.display(), "completion record written");
     Ok(())
+}
+
+/// Most bytes of a failure written to the termination message (the kubelet keeps 4 KiB).
+pub const FAILURE_MESSAGE_BYTES: usize = 2048;
+
+/// In a drain pod (the context names the pod), writes why the drain failed to the termination
+/// message, so the controller's `DrainFailed` event and the set's status say it, not only the
+/// pod's log (gone with the pod). Never a completion record: the controller reads one only
+/// from a container that exited 0, and this text is none. Failing to write it is logged.
+pub fn record_failure(drain: &DrainContext, error: &Error) {
+    if drain.pod_name.is_none() {
+        return;
+    }
+    let mut text = format!("drain failed: {}", error_chain(error));
+    if text.len() > FAILURE_MESSAGE_BYTES {
+        let mut cut = FAILURE_MESSAGE_BYTES - '…'.len_utf8();
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    if let Err(e) = std::fs::write(&drain.termination_log, text) {
+        tracing::debug!(path = %drain.termination_log.display(), error = %e, "failure not written to the termination message");
+    }
 }
 
 /// In a drain pod (the context names the pod, its set and namespace), checks with

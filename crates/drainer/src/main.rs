@@ -13,10 +13,12 @@ async fn main() -> ExitCode {
         eprintln!("drainer: {}", drainer::error_chain(&e));
         return exit(exit_codes::FAILURE);
     }
+    let drain = args.drain.clone();
     match drainer::run(args).await {
         Ok(code) => exit(code),
         Err(e) => {
             tracing::error!(reason = e.reason(), error = %drainer::error_chain(&e), "drain failed");
+            drainer::record_failure(&drain, &e);
             exit(exit_codes::FAILURE)
         }
     }

@@ -3,8 +3,11 @@
 //! The data directory holds one file per record, named after its key (the datastore's format).
 //! It must be the drained claim's mount point ([`records::check_data_dir`]): an empty directory
 //! that is not the claim would otherwise "succeed" and the controller would delete the claim.
-//! Names starting with `.` (unfinished writes) and a `lost+found` directory are skipped, and
-//! listed in the log and the [`Summary`].
+//! The datastore's own files (unfinished writes, its clock) and an empty `lost+found` are
+//! skipped, and listed in the log and the [`Summary`]. Any other entry that is not a record (a
+//! subdirectory, another dot file, a name that is not a valid key, a `lost+found` holding
+//! recovered files: [`records::Foreign`]) fails the drain by name once the records have moved,
+//! so the claim stays, unless [`Options::leave_behind`] names it.
 //!
 //! Each record is streamed to `<owner>/records/<key>` as a versioned handover `PUT` (see
 //! [`transfer`] for the peer contract), the owner being
@@ -39,7 +42,7 @@ use crate::peers::{Peer, PeerSet, PeerSource, PeersError};
 pub use progress::PodAnnotator;
 use progress::Progress;
 use rate::RateLimiter;
-pub use records::{Listing, Mounted, check_data_dir, list_records};
+pub use records::{Foreign, Listing, Mounted, check_data_dir, list_records};
 pub use transfer::{CHUNK_BYTES, Delivered, PutError, record_url};
 
 /// How a redistribution runs.
@@ -73,6 +76,9 @@ pub struct Options {
     pub progress_interval: Duration,
     /// Where progress is published (the drain pod), if anywhere.
     pub progress: Option<PodAnnotator>,
+    /// Entries that are not records but may stay on the claim and go with it: exact names, or
+    /// prefixes ending with `*`. Any other such entry fails the drain.
+    pub leave_behind: Vec<String>,
 }
 
 /// Longest wait between rounds.
@@ -95,6 +101,7 @@ impl Options {
             idle_timeout: Duration::from_secs(60),
             progress_interval: Duration::from_secs(5),
             progress: None,
+            leave_behind: Vec::new(),
         }
     }
 }
@@ -108,7 +115,8 @@ pub struct Summary {
     pub bytes: u64,
     /// Of those records, the ones whose owner held a newer write of the key: not overwritten.
     pub newer_there: u64,
-    /// Entries of the data directory skipped by design (dot files, `lost+found`), left in place.
+    /// Entries of the data directory that hold no record and were left in place: the
+    /// datastore's own files, an empty `lost+found`, and those [`Options::leave_behind`] names.
     pub skipped: Vec<String>,
     /// Rounds run (0 if the data directory held no records).
     pub rounds: usize,
@@ -149,19 +157,25 @@ pub enum RedistributeError {
         #[source]
         source: std::io::Error,
     },
-    /// The data directory holds something that is not a record file.
-    #[error("unexpected {kind} {} in the data directory: records are regular files", path.display())]
-    UnexpectedEntry {
-        /// The entry.
-        path: PathBuf,
-        /// What it is (`directory`, `symlink`, `special file`).
-        kind: &'static str,
-    },
-    /// A record file's name is not UTF-8, so it is no key.
-    #[error("record file {} has a name that is not UTF-8", path.display())]
-    NonUtf8Name {
-        /// The file.
-        path: PathBuf,
+    /// The data directory holds entries that are neither records nor the datastore's own
+    /// files. Their content would go with the claim, so the drain does not finish.
+    #[error(
+        "{} {} in {} {}: {}; the records were moved, the claim stays. Move or delete {}, or \
+         name {} with --leave-behind if {} may be deleted with the claim",
+        entries.len(),
+        if entries.len() == 1 { "entry" } else { "entries" },
+        dir.display(),
+        if entries.len() == 1 { "is not a record" } else { "are not records" },
+        entries.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        if entries.len() == 1 { "it" } else { "them" },
+        if entries.len() == 1 { "it" } else { "them" },
+        if entries.len() == 1 { "it" } else { "they" },
+    )]
+    NotRecords {
+        /// The data directory.
+        dir: PathBuf,
+        /// The entries.
+        entries: Vec<Foreign>,
     },
     /// A record file could not be read.
     #[error("failed to read record file {}", path.display())]
@@ -264,8 +278,7 @@ impl RedistributeError {
             Self::DataDirNotMounted { .. } => "DataDirNotMounted",
             Self::RecordTooLarge { .. } => "RecordTooLarge",
             Self::ReadDataDir { .. } => "ReadDataDir",
-            Self::UnexpectedEntry { .. } => "UnexpectedEntry",
-            Self::NonUtf8Name { .. } => "NonUtf8Name",
+            Self::NotRecords { .. } => "NotRecords",
             Self::ReadRecord { .. } => "ReadRecord",
             Self::DeleteRecord { .. } => "DeleteRecord",
             Self::Discover(_) => "DiscoverPeers",
@@ -302,11 +315,22 @@ pub async fn redistribute<P: PeerSource>(
         );
     }
     let listing = list_records(dir).await?;
-    let skipped = listing.skipped.clone();
+    let (skipped, foreign) = sort_out(&listing, &options.leave_behind);
     if !skipped.is_empty() {
-        tracing::warn!(data_dir = %dir.display(), ?skipped, "skipping entries by design (names starting with '.', lost+found); they stay on the claim");
+        tracing::info!(data_dir = %dir.display(), ?skipped, "entries that hold no record stay on the claim");
+    }
+    let not_records = |foreign: Vec<Foreign>| RedistributeError::NotRecords {
+        dir: dir.to_path_buf(),
+        entries: foreign,
+    };
+    if !foreign.is_empty() {
+        let named: Vec<String> = foreign.iter().map(ToString::to_string).collect();
+        tracing::warn!(data_dir = %dir.display(), entries = ?named, "entries that are not records: the records move, then the drain fails and the claim stays");
     }
     if listing.records.is_empty() {
+        if !foreign.is_empty() {
+            return Err(not_records(foreign));
+        }
         tracing::info!(data_dir = %dir.display(), ?mounted, "data directory holds no records, nothing to move");
         return Ok(Summary {
             skipped,
@@ -339,6 +363,7 @@ pub async fn redistribute<P: PeerSource>(
         .with_max_times(options.max_rounds.saturating_sub(1))
         .build();
     let mut rounds = 0;
+    let mut foreign_left;
     loop {
         rounds += 1;
         let deferral = match peers.discover().await {
@@ -363,6 +388,7 @@ pub async fn redistribute<P: PeerSource>(
         };
         records::sync_dir(dir).await?;
         let left = list_records(dir).await?;
+        foreign_left = sort_out(&left, &options.leave_behind).1;
         names = left.names();
         progress.at_least(names.len(), left.bytes());
         progress.publish().await;
@@ -386,6 +412,9 @@ pub async fn redistribute<P: PeerSource>(
         tokio::time::sleep(delay).await;
     }
     progress.log("redistribution finished");
+    if !foreign_left.is_empty() {
+        return Err(not_records(foreign_left));
+    }
     Ok(Summary {
         records: progress.records,
         bytes: progress.bytes,
@@ -393,6 +422,22 @@ pub async fn redistribute<P: PeerSource>(
         skipped,
         rounds,
     })
+}
+
+/// The entries of `listing` left on the claim (its skipped ones and the foreign ones
+/// `leave_behind` names), and the foreign ones that fail the drain.
+fn sort_out(listing: &Listing, leave_behind: &[String]) -> (Vec<String>, Vec<Foreign>) {
+    let mut skipped = listing.skipped.clone();
+    let mut foreign = Vec::new();
+    for entry in &listing.foreign {
+        if records::matches_any(&entry.name, leave_behind) {
+            skipped.push(entry.name.clone());
+        } else {
+            foreign.push(entry.clone());
+        }
+    }
+    skipped.sort_unstable();
+    (skipped, foreign)
 }
 
 fn log_peers(set: &PeerSet, round: usize) {

@@ -31,6 +31,18 @@ fn drainer(home: &Path) -> Command {
 
 const RECORD: &str = r#"{"drainCompleted":{"claims":{"data-datastore-2":"u-2"}}}"#;
 
+/// Whether the termination message at `log` holds no completion record: absent, or the
+/// failure the drainer wrote there.
+fn holds_no_record(log: &Path) -> bool {
+    match std::fs::read_to_string(log) {
+        Err(_) => true,
+        Ok(text) => {
+            drain_api::completion::CompletionRecord::parse(&text).is_none()
+                && text.starts_with("drain failed: ")
+        }
+    }
+}
+
 #[test]
 fn a_finished_drain_writes_the_completion_record_and_nothing_else_does() {
     let home = tempfile::tempdir().unwrap();
@@ -49,7 +61,7 @@ fn a_finished_drain_writes_the_completion_record_and_nothing_else_does() {
                 hook,
             ]));
         assert_ne!(code, Some(0), "{hook}: {stderr}");
-        assert!(!log.exists(), "{hook} wrote the record: {stderr}");
+        assert!(holds_no_record(&log), "{hook} wrote the record: {stderr}");
     }
     let (code, stderr) = run(drainer(home.path())
         .env("DRAIN_COMPLETION_RECORD", RECORD)
@@ -191,7 +203,14 @@ fn without_credentials_the_claim_check_fails_closed_and_nothing_is_recorded() {
                 && stderr.contains("Kubernetes credentials"),
             "{mode:?}: {stderr}"
         );
-        assert!(!log.exists(), "{mode:?} wrote the record: {stderr}");
+        assert!(holds_no_record(&log), "{mode:?} wrote the record: {stderr}");
+        // The failure is in the termination message, where the controller's event quotes it.
+        let told = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            told.contains("cannot prove that the data directory is the drained claim"),
+            "{told}"
+        );
+        std::fs::remove_file(&log).unwrap();
     }
     // Outside a drain pod (no context) the same.
     let (code, stderr) = run(drainer(home.path())

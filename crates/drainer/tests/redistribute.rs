@@ -287,6 +287,68 @@ async fn moves_every_record_to_its_owner_and_empties_the_directory() {
 }
 
 #[tokio::test]
+async fn entries_that_are_not_records_fail_the_drain_by_name_after_the_records_moved() {
+    let servers = [Datastore::start(0).await, Datastore::start(1).await];
+    let peers = StaticPeers(PeerSet::all_ready(servers.iter().map(Datastore::peer)));
+    let data = tempfile::tempdir().unwrap();
+    let all = records(40);
+    write_local(data.path(), &all);
+    // What an operator or a tool may leave on a volume, next to the datastore's own files.
+    std::fs::write(
+        data.path().join(".operator-notes"),
+        b"restore from s3://b/x",
+    )
+    .unwrap();
+    std::fs::create_dir(data.path().join("lost+found")).unwrap();
+    std::fs::write(data.path().join("lost+found/#4711"), b"recovered").unwrap();
+    std::fs::write(data.path().join(".tmp-unfinished"), b"partial").unwrap();
+
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+
+    let message = drainer::error_chain(&err);
+    eprintln!("{message}");
+    assert!(
+        matches!(&err, RedistributeError::NotRecords { entries, .. } if entries.len() == 2),
+        "{message}"
+    );
+    assert!(
+        message.contains(r#"".operator-notes" (a dot file"#),
+        "{message}"
+    );
+    assert!(
+        message.contains(r#""lost+found" (a lost+found holding files fsck recovered)"#),
+        "{message}"
+    );
+    assert!(
+        !message.contains(".tmp-unfinished"),
+        "the datastore's own file is no problem"
+    );
+    // The records moved; the entries stay where they were.
+    assert!(local_records(data.path()).is_empty());
+    let refs: Vec<&Datastore> = servers.iter().collect();
+    assert_peers_hold_exactly(&refs, &all, &[0, 1]).await;
+    assert!(data.path().join(".operator-notes").exists());
+    assert!(data.path().join("lost+found/#4711").exists());
+
+    // A rerun fails the same way at once, and named with --leave-behind they may go.
+    let err = redistribute(&options(data.path()), &peers)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedistributeError::NotRecords { .. }));
+    let leave = Options {
+        leave_behind: vec![".operator-*".into(), "lost+found".into()],
+        ..options(data.path())
+    };
+    let summary = redistribute(&leave, &peers).await.unwrap();
+    assert_eq!(
+        summary.skipped,
+        [".operator-notes", ".tmp-unfinished", "lost+found"]
+    );
+}
+
+#[tokio::test]
 async fn empty_directory_succeeds_without_discovery() {
     let data = tempfile::tempdir().unwrap();
     std::fs::create_dir(data.path().join("lost+found")).unwrap();

@@ -29,11 +29,7 @@ use tokio::io::AsyncReadExt;
 use clock::Clock;
 use write::Commit;
 
-/// Longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 200;
-
-/// Prefix of the temporary files of writes in progress.
-pub const TEMP_PREFIX: &str = ".tmp-";
+pub use drain_api::record::{MAX_KEY_LEN, TEMP_PREFIX};
 
 /// A validated record key: 1 to [`MAX_KEY_LEN`] characters of `[A-Za-z0-9._-]`, not starting
 /// with `.` (so it is a safe file name and never a temporary file).
@@ -72,14 +68,10 @@ impl std::fmt::Display for Key {
     }
 }
 
-/// Whether `key` is a valid record key (see [`Key`]).
+/// Whether `key` is a valid record key (see [`Key`]; the rule is
+/// [`drain_api::record::valid_key`], shared with the drainer).
 pub fn is_valid_key(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= MAX_KEY_LEN
-        && !key.starts_with('.')
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    drain_api::record::valid_key(key)
 }
 
 /// Errors of the record store.

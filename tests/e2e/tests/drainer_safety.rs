@@ -265,6 +265,96 @@ async fn a_single_record_that_takes_longer_than_the_stall_time_to_send_is_no_sta
     Ok(())
 }
 
+/// Runs `script` in a busybox pod named `name` that mounts `claim` at `/data`; fails unless it
+/// succeeds. The pod is deleted afterwards.
+async fn on_claim(ns: &TestNamespace, name: &str, claim: &str, script: &str) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    pods.create(
+        &kube::api::PostParams::default(),
+        &e2e::objects::job_pod(name, claim, script),
+    )
+    .await?;
+    let phase = || async {
+        anyhow::Ok(
+            pods.get(name)
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .unwrap_or_default(),
+        )
+    };
+    wait_for(T, &format!("pod {name} finished"), || async {
+        Ok(matches!(phase().await?.as_str(), "Succeeded" | "Failed"))
+    })
+    .await?;
+    let phase = phase().await?;
+    pods.delete(name, &kube::api::DeleteParams::default())
+        .await?;
+    ensure!(phase == "Succeeded", "{script:?} failed in pod {name}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn entries_on_the_claim_that_are_not_records_keep_it_and_are_named_in_the_event() -> Result<()>
+{
+    // An operator's note and files fsck recovered, on ordinal 2's claim. The drain used to skip
+    // dot files and lost+found "by design" and finish: the claim went, and these with it.
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-foreign").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let records = example_with_records(&ns, &[]).await?;
+    // The datastore image has no shell: a busybox pod mounts the claim beside it.
+    on_claim(
+        &ns,
+        "put-notes",
+        "data-datastore-2",
+        "echo 'restore from s3://backups/2' > /data/.operator-notes && mkdir -p /data/lost+found \
+         && echo recovered > '/data/lost+found/#4711'",
+    )
+    .await?;
+    let claim = claim_uid(&ns, "data-datastore-2").await?;
+
+    scale(&ns, DATASTORE, 2).await?;
+    // The example's drain pods restart on failure, so the controller reports a crash loop
+    // (`DrainStuck`, or `DrainFailed` for a pod that ended): the event quotes the drainer's
+    // error from the termination message.
+    let named = std::sync::Mutex::new(None);
+    wait_for(T, "a failure event naming the entries", || async {
+        for reason in ["DrainStuck", "DrainFailed"] {
+            if let Some(e) = events(&ns, reason)
+                .await?
+                .into_iter()
+                .find(|e| e.contains(".operator-notes") && e.contains("lost+found"))
+            {
+                *named.lock().unwrap() = Some(e);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .await?;
+    eprintln!("event: {:?}", named.lock().unwrap());
+    // The records moved; the claim stays with what is not a record.
+    assert_every_record_readable(&ns, &[0, 1], &records).await?;
+    assert_claim_unchanged(&ns, "data-datastore-2", &claim).await?;
+
+    // Scaling back up returns the claim with the entries, and the records to their owner.
+    scale(&ns, DATASTORE, 3).await?;
+    wait_stateful_pod_back(&ns, "datastore-2").await?;
+    on_claim(
+        &ns,
+        "check-notes",
+        "data-datastore-2",
+        "test \"$(cat /data/.operator-notes)\" = 'restore from s3://backups/2' \
+         && test \"$(cat '/data/lost+found/#4711')\" = recovered",
+    )
+    .await
+    .context("the entries came back with the claim")?;
+    assert_claim_unchanged(&ns, "data-datastore-2", &claim).await?;
+    assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn after_3_to_1_to_3_every_record_is_on_its_owner_again() -> Result<()> {
     let client = client().await;

@@ -9,8 +9,13 @@
 //! claim is mounted above the data directory opt out explicitly
 //! ([`Options::allow_unmounted`](super::Options::allow_unmounted)).
 //!
-//! Entries skipped by design (names starting with `.`, unfinished writes of the datastore, and
-//! a `lost+found` directory) are reported in the [`Listing`], never silently dropped.
+//! Every entry is accounted for in the [`Listing`]: a *record* (a regular file named by a valid
+//! key, [`drain_api::record::valid_key`]), one of the datastore's own files that hold no record
+//! (*skipped*: unfinished writes `.tmp-*`, the clock `.clock*`, claims `.rebalance-*` of an
+//! earlier version, which a drain puts back first, and an empty `lost+found`), or a *foreign*
+//! entry: anything else (a subdirectory, a symlink, another dot file, a name that is not a valid
+//! key, a `lost+found` holding files fsck recovered). A drain moves the records and then fails
+//! naming the foreign entries, so the claim is not deleted with data nobody looked at.
 
 use std::fs;
 use std::io;
@@ -19,13 +24,45 @@ use std::path::{Path, PathBuf};
 
 use super::RedistributeError;
 
-/// The record files of a data directory.
+/// The entries of a data directory, each in one list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
     /// Record files (name, size in bytes), sorted by name.
     pub records: Vec<(String, u64)>,
-    /// Entries skipped by design, sorted.
+    /// The datastore's own files that hold no record, sorted.
     pub skipped: Vec<String>,
+    /// Entries that are neither, sorted by name.
+    pub foreign: Vec<Foreign>,
+}
+
+/// An entry of the data directory that is not a record nor one of the datastore's own files.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Foreign {
+    /// Its name (lossily decoded if it is not UTF-8).
+    pub name: String,
+    /// What it is.
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for Foreign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} ({})", self.name, self.what)
+    }
+}
+
+/// Whether `name` is one of the datastore's own files that hold no record.
+pub fn is_own_file(name: &str) -> bool {
+    name.starts_with(drain_api::record::TEMP_PREFIX)
+        || name.starts_with(drain_api::record::CLOCK_FILE)
+        || name.starts_with(crate::rebalance::CLAIM_PREFIX)
+}
+
+/// Whether `name` matches one of `patterns`: an exact name, or a prefix ending with `*`.
+pub fn matches_any(name: &str, patterns: &[String]) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == p,
+    })
 }
 
 impl Listing {
@@ -142,35 +179,45 @@ fn list_records_blocking(dir: &Path) -> Result<Listing, RedistributeError> {
     let mut listing = Listing::default();
     for entry in fs::read_dir(dir).map_err(read_err)? {
         let entry = entry.map_err(read_err)?;
-        let name = entry.file_name();
         let file_type = entry.file_type().map_err(read_err)?;
-        if name.as_encoded_bytes().starts_with(b".") || (file_type.is_dir() && name == "lost+found")
-        {
-            listing.skipped.push(name.to_string_lossy().into_owned());
+        let Ok(name) = entry.file_name().into_string() else {
+            listing.foreign.push(Foreign {
+                name: entry.file_name().to_string_lossy().into_owned(),
+                what: "a name that is not UTF-8",
+            });
             continue;
-        }
-        if file_type.is_file() {
-            let name = name
-                .into_string()
-                .map_err(|_| RedistributeError::NonUtf8Name { path: entry.path() })?;
+        };
+        let foreign = if file_type.is_dir() && name == "lost+found" {
+            let empty = fs::read_dir(entry.path())
+                .map_err(read_err)?
+                .next()
+                .is_none();
+            (!empty).then_some("a lost+found holding files fsck recovered")
+        } else if is_own_file(&name) && !file_type.is_dir() {
+            None
+        } else if file_type.is_dir() {
+            Some("a directory")
+        } else if file_type.is_symlink() {
+            Some("a symlink")
+        } else if !file_type.is_file() {
+            Some("a special file")
+        } else if name.starts_with('.') {
+            Some("a dot file the datastore does not write")
+        } else if !drain_api::record::valid_key(&name) {
+            Some("a file whose name is not a valid key")
+        } else {
             let len = entry.metadata().map_err(read_err)?.len();
             listing.records.push((name, len));
-        } else {
-            let kind = if file_type.is_dir() {
-                "directory"
-            } else if file_type.is_symlink() {
-                "symlink"
-            } else {
-                "special file"
-            };
-            return Err(RedistributeError::UnexpectedEntry {
-                path: entry.path(),
-                kind,
-            });
+            continue;
+        };
+        match foreign {
+            Some(what) => listing.foreign.push(Foreign { name, what }),
+            None => listing.skipped.push(name),
         }
     }
     listing.records.sort_unstable();
     listing.skipped.sort_unstable();
+    listing.foreign.sort_unstable();
     Ok(listing)
 }
 
@@ -203,6 +250,73 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn every_entry_is_a_record_an_own_file_or_foreign_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path();
+        fs::write(data.join("key-1"), b"1").unwrap();
+        fs::write(data.join(".tmp-77"), b"partial").unwrap();
+        fs::write(data.join(".clock"), b"1").unwrap();
+        fs::write(data.join(".clock.tmp"), b"1").unwrap();
+        fs::write(data.join(".rebalance-key-2"), b"2").unwrap();
+        fs::create_dir(data.join("lost+found")).unwrap();
+        fs::write(data.join(".bash_history"), b"x").unwrap();
+        fs::write(data.join("has space"), b"x").unwrap();
+        fs::write(data.join("x".repeat(201)), b"x").unwrap();
+        fs::create_dir(data.join("snapshots")).unwrap();
+        fs::create_dir(data.join(".tmp-dir")).unwrap();
+        std::os::unix::fs::symlink("key-1", data.join("alias")).unwrap();
+        let listing = list_records(data).await.unwrap();
+        assert_eq!(listing.records, [("key-1".to_owned(), 1)]);
+        assert_eq!(
+            listing.skipped,
+            [
+                ".clock",
+                ".clock.tmp",
+                ".rebalance-key-2",
+                ".tmp-77",
+                "lost+found"
+            ]
+        );
+        let named: Vec<String> = listing.foreign.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            named,
+            [
+                r#"".bash_history" (a dot file the datastore does not write)"#.to_owned(),
+                r#"".tmp-dir" (a directory)"#.to_owned(),
+                r#""alias" (a symlink)"#.to_owned(),
+                r#""has space" (a file whose name is not a valid key)"#.to_owned(),
+                r#""snapshots" (a directory)"#.to_owned(),
+                format!(
+                    r#""{}" (a file whose name is not a valid key)"#,
+                    "x".repeat(201)
+                ),
+            ]
+        );
+
+        // A lost+found that holds files is data fsck recovered: foreign.
+        fs::write(data.join("lost+found").join("#1234"), b"x").unwrap();
+        let listing = list_records(data).await.unwrap();
+        assert!(!listing.skipped.contains(&"lost+found".to_owned()));
+        assert!(
+            listing
+                .foreign
+                .iter()
+                .any(|f| f.name == "lost+found" && f.what.contains("fsck"))
+        );
+    }
+
+    #[test]
+    fn leave_behind_patterns_are_exact_or_prefixes() {
+        let patterns = ["VERSION".to_owned(), "snap-*".to_owned()];
+        assert!(matches_any("VERSION", &patterns));
+        assert!(!matches_any("VERSION2", &patterns));
+        assert!(matches_any("snap-1", &patterns));
+        assert!(matches_any("snap-", &patterns));
+        assert!(!matches_any("snap", &patterns));
+        assert!(!matches_any("x", &[]));
+    }
+
+    #[tokio::test]
     async fn lists_records_with_sizes_and_reports_what_it_skips() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing");
@@ -224,20 +338,11 @@ mod tests {
         fs::write(data.join("a"), b"1").unwrap();
         fs::write(data.join(".tmp-1"), b"partial").unwrap();
         fs::create_dir(data.join("lost+found")).unwrap();
-        fs::create_dir(data.join(".hidden-dir")).unwrap();
         let listing = list_records(&data).await.unwrap();
         assert_eq!(listing.records, [("a".into(), 1), ("b".into(), 2)]);
-        assert_eq!(listing.skipped, [".hidden-dir", ".tmp-1", "lost+found"]);
+        assert_eq!(listing.skipped, [".tmp-1", "lost+found"]);
+        assert!(listing.foreign.is_empty());
         assert_eq!(listing.bytes(), 3);
-
-        fs::create_dir(data.join("nested")).unwrap();
-        assert!(matches!(
-            list_records(&data).await,
-            Err(RedistributeError::UnexpectedEntry {
-                kind: "directory",
-                ..
-            })
-        ));
     }
 
     #[test]

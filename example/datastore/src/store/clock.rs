@@ -27,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use drain_api::record::Version;
 
 /// The high-water mark's file name in the data directory (a dot file: never a record).
-pub const CLOCK_FILE: &str = ".clock";
+pub const CLOCK_FILE: &str = drain_api::record::CLOCK_FILE;
 
 /// How far ahead of the readings the persisted high-water mark is moved each time.
 pub const LEASE_MILLIS: u64 = 500;
