@@ -379,6 +379,8 @@ pub async fn redistribute<P: PeerSource>(
                     options,
                     http: &http,
                     peers: &set,
+                    source: peers,
+                    fresh: tokio::sync::Mutex::default(),
                     limiter: limiter.as_ref(),
                     wire: &wire,
                     down: Mutex::default(),
@@ -462,7 +464,7 @@ enum Outcome {
 }
 
 /// One pass over the records with one peer set.
-struct Round<'a> {
+struct Round<'a, P> {
     options: &'a Options,
     http: &'a reqwest::Client,
     peers: &'a PeerSet,
@@ -470,11 +472,25 @@ struct Round<'a> {
     limiter: Option<&'a RateLimiter>,
     /// Caps and counts the bytes sent. Shared by the rounds of a run.
     wire: &'a transfer::Wire,
+    /// Where peers come from: asked again when an owner's address fails mid-round.
+    source: &'a P,
+    /// The last discovery made mid-round, and when.
+    fresh: tokio::sync::Mutex<Fresh>,
     /// Owners that stopped answering this round: their other records wait for the next one.
     down: Mutex<HashSet<i32>>,
 }
 
-impl Round<'_> {
+/// A discovery made mid-round.
+#[derive(Default)]
+struct Fresh {
+    at: Option<tokio::time::Instant>,
+    set: Option<PeerSet>,
+}
+
+/// Shortest time between two discoveries made mid-round.
+pub const READDRESS_EVERY: Duration = Duration::from_secs(1);
+
+impl<P: PeerSource> Round<'_, P> {
     /// Sends `names`; returns why some records were left over, if any were. A refusal or a
     /// local I/O error ends the run.
     async fn run(
@@ -535,34 +551,20 @@ impl Round<'_> {
             return Ok(Outcome::Deferred(None));
         }
         let path = self.options.data_dir.join(&name);
+        let mut peer = peer.clone();
+        let mut result = self.send(&name, &path, &peer).await;
+        // The owner's address failed or answers as another pod: its pod may have been replaced
+        // (a new IP). Ask the API again and, if the address changed, send there at once.
+        if let Err(e) = &result
+            && (e.is_transient() || matches!(e, PutError::Misdirected { .. }))
+            && let Some(moved) = self.readdress(owner, &peer).await
+        {
+            tracing::info!(key = %name, peer = %peer.name, from = %peer.url, to = %moved.url, "the owner's address changed mid-round; sending there");
+            peer = moved;
+            result = self.send(&name, &path, &peer).await;
+        }
+        let peer = &peer;
         let url = transfer::record_url(&peer.url, &name);
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.options.put_retry_delay)
-            .with_max_delay(self.options.put_retry_delay.max(Duration::from_secs(10)))
-            .with_max_times(self.options.put_retries)
-            .with_jitter();
-        let (url_ref, path_ref) = (&url, &path);
-        let put = || async move {
-            if let Some(limiter) = self.limiter {
-                limiter.wait_turn().await;
-            }
-            transfer::put_record(
-                self.http,
-                url_ref.clone(),
-                path_ref,
-                self.options.idle_timeout,
-                Some(transfer::Owner::of(peer)),
-                self.wire,
-            )
-            .await
-        };
-        let result = put
-            .retry(backoff)
-            .when(PutError::is_transient)
-            .notify(|e, delay| {
-                tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %crate::error_chain(e), "retrying put");
-            })
-            .await;
         let transfer::Handed {
             delivered, bytes, ..
         } = match result {
@@ -610,6 +612,59 @@ impl Round<'_> {
         }
         records::delete_record(&self.options.data_dir, &name).await?;
         Ok(Outcome::Moved { bytes, newer_there })
+    }
+
+    /// One record's `PUT` to `peer`, retried on transient failures.
+    async fn send(
+        &self,
+        name: &str,
+        path: &std::path::Path,
+        peer: &Peer,
+    ) -> Result<Option<transfer::Handed>, PutError> {
+        let url = transfer::record_url(&peer.url, name);
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.options.put_retry_delay)
+            .with_max_delay(self.options.put_retry_delay.max(Duration::from_secs(10)))
+            .with_max_times(self.options.put_retries)
+            .with_jitter();
+        let put = || async {
+            if let Some(limiter) = self.limiter {
+                limiter.wait_turn().await;
+            }
+            transfer::put_record(
+                self.http,
+                url.clone(),
+                path,
+                self.options.idle_timeout,
+                Some(transfer::Owner::of(peer)),
+                self.wire,
+            )
+            .await
+        };
+        put.retry(backoff)
+            .when(PutError::is_transient)
+            .notify(|e, delay| {
+                tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %crate::error_chain(e), "retrying put");
+            })
+            .await
+    }
+
+    /// A new address for `owner`, after `used` failed: peers are discovered again (at most
+    /// once per [`READDRESS_EVERY`], shared by the round's records); `None` if the owner is not
+    /// Ready now or its address and UID did not change.
+    async fn readdress(&self, owner: i32, used: &Peer) -> Option<Peer> {
+        let mut fresh = self.fresh.lock().await;
+        if fresh.at.is_none_or(|at| at.elapsed() >= READDRESS_EVERY) {
+            fresh.at = Some(tokio::time::Instant::now());
+            match self.source.discover().await {
+                Ok(set) => fresh.set = Some(set),
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "failed to discover peers again mid-round");
+                }
+            }
+        }
+        let now = fresh.set.as_ref()?.ready_peer(owner)?;
+        (now.url != used.url || now.uid != used.uid).then(|| now.clone())
     }
 
     fn is_down(&self, ordinal: i32) -> bool {

@@ -351,3 +351,64 @@ fn redistribute_stops_on_sigterm_and_keeps_unmoved_records() {
         "record kept"
     );
 }
+
+#[test]
+fn peer_traffic_ignores_the_proxy_from_the_environment() {
+    // `HTTP_PROXY` and `ALL_PROXY` point at a listener that counts connections and answers
+    // 502. The drainer's first request of a rebalance pass (handing an earlier version's
+    // claimed file back to its own server) must reach the server directly.
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let through_proxy = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&through_proxy);
+    std::thread::spawn(move || {
+        for stream in proxy.incoming() {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Ok(mut stream) = stream {
+                use std::io::Write;
+                let _ = stream.write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n");
+            }
+        }
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = datastore::Store::open_pod(store_dir.path(), "datastore-2", None).unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    runtime.spawn(datastore::http::serve_with(
+        listener,
+        store,
+        Default::default(),
+        std::future::pending(),
+    ));
+    let home = tempfile::tempdir().unwrap();
+    let data = home.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join(".rebalance-k"), b"value").unwrap();
+
+    let (_, stderr) = run(drainer(home.path())
+        .env("HTTP_PROXY", &proxy_url)
+        .env("http_proxy", &proxy_url)
+        .env("ALL_PROXY", &proxy_url)
+        .env("all_proxy", &proxy_url)
+        .args(["rebalance", "--interval", "0", "--data-dir"])
+        .arg(&data)
+        .args(["--local-url", &format!("http://{addr}")]));
+
+    assert_eq!(
+        through_proxy.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "peer traffic went through the proxy:\n{stderr}"
+    );
+    assert!(
+        !data.join(".rebalance-k").exists(),
+        "the claimed file was not handed back:\n{stderr}"
+    );
+    let client = datastore::Client::new(&format!("http://{addr}")).unwrap();
+    assert_eq!(
+        runtime.block_on(client.get("k")).unwrap().as_deref(),
+        Some(&b"value"[..])
+    );
+}

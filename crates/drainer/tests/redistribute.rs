@@ -349,6 +349,63 @@ async fn entries_that_are_not_records_fail_the_drain_by_name_after_the_records_m
 }
 
 #[tokio::test]
+async fn an_endless_error_answer_is_read_only_up_to_its_bound() {
+    // A peer that refuses with a body that never ends: the drainer reads at most
+    // MAX_ERROR_BODY bytes of it and fails at once, keeping the file.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+        let counter = Arc::clone(&counter);
+        let owner = headers.get(OWNER_HEADER).cloned();
+        async move {
+            let chunk = axum::body::Bytes::from(vec![b'x'; 8192]);
+            let endless = futures::stream::repeat_with(move || {
+                counter.fetch_add(chunk.len(), Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(chunk.clone())
+            });
+            let mut answer = (
+                StatusCode::BAD_REQUEST,
+                axum::body::Body::from_stream(endless),
+            )
+                .into_response();
+            if let Some(owner) = owner {
+                answer.headers_mut().insert(OWNER_HEADER, owner);
+            }
+            answer
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let peers = StaticPeers(PeerSet::all_ready([peer_at(0, addr)]));
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("k"), b"v").unwrap();
+
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        redistribute(&options(data.path()), &peers),
+    )
+    .await
+    .expect("the drainer kept reading an endless error answer")
+    .unwrap_err();
+
+    let RedistributeError::PeerRefused {
+        source: drainer::redistribute::PutError::Status { status, body },
+        ..
+    } = &err
+    else {
+        panic!("{}", drainer::error_chain(&err));
+    };
+    assert_eq!(*status, StatusCode::BAD_REQUEST);
+    assert!(body.len() <= 200 && body.starts_with("xxx"), "{body:?}");
+    assert!(data.path().join("k").exists());
+    eprintln!(
+        "the peer produced {} bytes before the drainer hung up",
+        sent.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test]
 async fn empty_directory_succeeds_without_discovery() {
     let data = tempfile::tempdir().unwrap();
     std::fs::create_dir(data.path().join("lost+found")).unwrap();
@@ -836,6 +893,71 @@ async fn an_older_copy_on_the_owner_is_replaced_and_a_delete_is_carried_over() {
         owner.get("gone").await.unwrap(),
         None,
         "the delete is carried over"
+    );
+}
+
+/// A source that answers `sets` in turn, then the last one again; counts its calls.
+struct Sequence {
+    sets: Vec<PeerSet>,
+    calls: AtomicUsize,
+}
+
+impl drainer::peers::PeerSource for Sequence {
+    async fn discover(&self) -> Result<PeerSet, drainer::peers::PeersError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(self.sets[call.min(self.sets.len() - 1)].clone())
+    }
+}
+
+#[rstest::rstest]
+#[case::nothing_listens_there(false)]
+#[case::another_pod_answers_there(true)]
+#[tokio::test]
+async fn an_owner_whose_address_changes_mid_round_gets_its_records_in_that_round(
+    #[case] reused: bool,
+) {
+    // The round starts with datastore-0 at an old address; its pod was replaced meanwhile and
+    // the API has the new one. With one round only, the records arrive only if the address is
+    // refreshed within the round.
+    let owner = Datastore::start_as(0, "datastore-0", Some("uid-new"), Default::default()).await;
+    let _other;
+    let old_addr = if reused {
+        let other = Datastore::start_as(0, "datastore-9", Some("uid-9"), Default::default()).await;
+        let addr = other.addr;
+        _other = Some(other);
+        addr
+    } else {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        _other = None;
+        addr
+    };
+    let old = peer_at(0, old_addr).with_uid(Some("uid-old".to_owned()));
+    let new = owner.peer().with_uid(Some("uid-new".to_owned()));
+    let source = Sequence {
+        sets: vec![PeerSet::all_ready([old]), PeerSet::all_ready([new])],
+        calls: AtomicUsize::new(0),
+    };
+    let data = tempfile::tempdir().unwrap();
+    let all = records(12);
+    write_local(data.path(), &all);
+    let once = Options {
+        max_rounds: 1,
+        put_retries: 1,
+        ..options(data.path())
+    };
+
+    let summary = redistribute(&once, &source).await.unwrap();
+
+    assert_eq!(summary.records, 12);
+    assert_eq!(summary.rounds, 1);
+    assert!(local_records(data.path()).is_empty());
+    assert_eq!(owner.records().await, all);
+    assert!(
+        source.calls.load(Ordering::SeqCst) <= 3,
+        "addresses are looked up again once for the round, not per record: {} discoveries",
+        source.calls.load(Ordering::SeqCst)
     );
 }
 
