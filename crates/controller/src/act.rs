@@ -139,6 +139,12 @@ pub trait Cluster: Sync {
     /// A withdrawal failed: the pod (`name`, `uid`) is deleted on the set's next reconciles, and
     /// shown to the planner as terminating meanwhile (never recorded on its claims).
     fn withdraw_later(&self, _name: &str, _uid: &str) {}
+    /// A drain pod's create found `name` (of `ordinal`) taken: find out, live, what holds it.
+    /// A pod made neither by the set nor by this controller is remembered, so the ordinal is
+    /// shown blocked without a drain slot until it goes. Best effort.
+    fn name_taken(&self, _ordinal: i32, _name: &str) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// An action that failed.
@@ -663,6 +669,7 @@ async fn create_drain_pod<C: Cluster>(
         (Created::AlreadyExists, Err(e)) => Err(e),
         (Created::AlreadyExists, Ok(true)) => {
             info!(pod = %name, "a pod named like the drain pod exists; waiting for it");
+            cluster.name_taken(ordinal, &name).await;
             Ok(Outcome::NameTaken)
         }
     }

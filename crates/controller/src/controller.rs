@@ -126,6 +126,9 @@ pub struct Context {
     unconfirmed: Mutex<std::collections::HashSet<SetId>>,
     /// Drain pods whose withdrawal failed, by set: UID → name ([`Cluster::withdraw_later`]).
     withdrawing: Mutex<HashMap<SetId, BTreeMap<String, String>>>,
+    /// Pods made neither by the set nor by us that hold an ordinal's name, by set: ordinal →
+    /// UID ([`Cluster::name_taken`]); read again at each reconcile ([`recheck_taken`]).
+    taken: Taken,
     /// Writes the status in the background, and shows the status last wanted or written per set
     /// to reads from a cache that has not caught up yet.
     status: StatusWriter,
@@ -169,6 +172,7 @@ impl Context {
         let keep = |(kind, ns, name): &SetId| self.set_exists(Some(*kind), ns, name);
         self.failures.lock().expect("lock").retain(|id, _| keep(id));
         self.unconfirmed.lock().expect("lock").retain(|id| keep(id));
+        self.taken.lock().expect("lock").retain(|id, _| keep(id));
         self.dry_run_reported
             .lock()
             .expect("lock")
@@ -886,6 +890,7 @@ pub async fn run(
         failures: Mutex::default(),
         unconfirmed: Mutex::default(),
         withdrawing: Mutex::default(),
+        taken: Mutex::default(),
         status,
         dry_run_reported: Mutex::default(),
         metrics: telemetry.metrics,
@@ -1007,7 +1012,9 @@ struct KubeCluster<'a, K> {
     unconfirmed: &'a Mutex<std::collections::HashSet<SetId>>,
     /// Drain pods whose withdrawal failed ([`Context`]'s).
     withdrawing: &'a Mutex<HashMap<SetId, BTreeMap<String, String>>>,
-    /// This set's key in both.
+    /// Pods by hand holding a name ([`Context`]'s).
+    taken: &'a Taken,
+    /// This set's key in all three.
     id: SetId,
 }
 
@@ -1123,6 +1130,36 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     fn confirm_first(&self) -> bool {
         self.unconfirmed.lock().expect("lock").contains(&self.id)
+    }
+
+    async fn name_taken(&self, ordinal: i32, name: &str) {
+        let result = self.pods.get_opt(name).await;
+        self.metrics.request("get", "pods", &result);
+        let pod = match result {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            Err(e) => {
+                debug!(pod = name, error = %e, "could not read the pod holding the drain pod's name");
+                return;
+            }
+        };
+        let set = self.set.name.as_deref().unwrap_or_default();
+        let labels = pod.metadata.labels.as_ref();
+        // The set's own pod or a drain pod: the caches see those and the planner judges them.
+        let stateful = labels.is_some_and(|l| l.contains_key(labels::STATEFUL_POD_NAME));
+        if stateful || observe::labelled_drain_pod_of(&pod.metadata, set) {
+            return;
+        }
+        let Some(uid) = pod.metadata.uid else {
+            return;
+        };
+        warn!(pod = name, %uid, "a pod made neither by the set nor by this controller holds the drain pod's name; the ordinal is blocked until it goes");
+        self.taken
+            .lock()
+            .expect("lock")
+            .entry(self.id.clone())
+            .or_default()
+            .insert(ordinal, uid);
     }
 
     fn withdraw_later(&self, name: &str, uid: &str) {
@@ -1489,6 +1526,63 @@ fn observe_set(
     snap
 }
 
+/// Pods made neither by a set nor by us that hold one of its pod names, by set: ordinal → UID.
+type Taken = Mutex<HashMap<SetId, BTreeMap<i32, String>>>;
+
+/// Reads again, live, each pod remembered as holding one of the set's names without being the
+/// set's or ours ([`Cluster::name_taken`]): while it is there (same UID), the planner sees it as
+/// [`plan::PodKind::Unknown`]; once it is gone, replaced, or a cached pod holds the ordinal, it
+/// is forgotten. Such pods are in no cache, so this read is what notices their deletion (the
+/// planner requeues blocked ordinals every [`plan::RECHECK_UNKNOWN_POD`]).
+async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut plan::Snapshot) {
+    let remembered = ctx.taken.lock().expect("lock").get(&id).cloned();
+    let Some(remembered) = remembered else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let mut gone = Vec::new();
+    for (ordinal, uid) in remembered {
+        let name = names::pod_name(&snap.set_name, ordinal);
+        // A cached pod holds the ordinal now, or no claim is left to drain (or the set opted
+        // out and the ordinal has no drain in flight): nothing to remember.
+        if snap.pods.iter().any(|p| p.ordinal == ordinal)
+            || !snap.claims.iter().any(|c| c.ordinal == ordinal)
+        {
+            gone.push(ordinal);
+            continue;
+        }
+        let result = pods.get_opt(&name).await;
+        ctx.metrics.request("get", "pods", &result);
+        match result {
+            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                let mut seen = observe::other_pod(&pod.metadata, ordinal);
+                seen.kind = plan::PodKind::Unknown;
+                snap.pods.push(seen);
+            }
+            Ok(_) => gone.push(ordinal),
+            Err(e) => {
+                // Unknown now: kept as blocked rather than risk a create that fails again.
+                debug!(pod = %name, error = %e, "could not read the pod holding the name again");
+                let mut seen = observe::other_pod(&Default::default(), ordinal);
+                seen.name = name;
+                seen.uid = uid;
+                seen.kind = plan::PodKind::Unknown;
+                snap.pods.push(seen);
+            }
+        }
+    }
+    snap.pods.sort_by_key(|p| p.ordinal);
+    if !gone.is_empty() {
+        let mut taken = ctx.taken.lock().expect("lock");
+        if let Some(set) = taken.get_mut(&id) {
+            set.retain(|o, _| !gone.contains(o));
+            if set.is_empty() {
+                taken.remove(&id);
+            }
+        }
+    }
+}
+
 /// Reconciles one StatefulSet that opted in, or that opted out with drains in flight:
 /// 1. observe: wait for the caches, then read the set's claims, drain pods and the pods holding
 ///    its pod names from them; a set being deleted is left alone;
@@ -1569,6 +1663,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
 
         // observe
         let mut snap = observe_set(&ctx, kind, &set, !opted_in);
+        recheck_taken(&ctx, set_id(kind, &set), &ns, &mut snap).await;
         snap.reserved = range.reserved;
         snap.also_held = obj.start_fallback();
 
@@ -1594,6 +1689,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             live: tokio::sync::OnceCell::new(),
             unconfirmed: &ctx.unconfirmed,
             withdrawing: &ctx.withdrawing,
+            taken: &ctx.taken,
             id: set_id(kind, &set),
         };
         let act_ctx = ActCtx {
@@ -1652,6 +1748,14 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         let mut requeue = plan.requeue_after.unwrap_or(ctx.config.resync).min(ctx.config.resync);
         if withdrawals_left {
             requeue = requeue.min(Duration::from_secs(2));
+        }
+        // A create just found a name held by a pod nobody here made: plan again at once, with
+        // that pod seen, so the slot it was given goes to another ordinal.
+        let newly_taken = ctx.taken.lock().expect("lock").get(&set_id(kind, &set)).is_some_and(|t| {
+            t.keys().any(|o| !snap.pods.iter().any(|p| p.ordinal == *o && p.kind == plan::PodKind::Unknown))
+        });
+        if newly_taken {
+            requeue = requeue.min(Duration::from_millis(100));
         }
         Ok(Requeue::requeue(requeue))
     }

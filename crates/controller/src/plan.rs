@@ -11,6 +11,7 @@
 //! | nothing        | back in range, drain record on the claims      | `ClearRecord`                   |
 //! | stateful pod   | out of range (terminating or not)              | wait for it to go               |
 //! | foreign pod    | labelled as our drain pod, not owned by the set| `Warn` (blocked), never deleted |
+//! | unknown pod    | made by neither the set nor us (by hand?)      | `Warn` (blocked), no slot, recheck |
 //! | drain pod      | exited 0 with proof it finished (see below)    | `DeleteClaims` → `DeleteDrainPod` |
 //! | drain pod      | exited 0, no proof (stopped, no record)        | `RecordFailure` → `DeleteDrainPod`; claims kept |
 //! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
@@ -303,9 +304,17 @@ pub enum PodKind {
     /// Labelled as a drain pod of a set of this name but not owned by this set (left by an
     /// earlier set of the same name): never ours to delete.
     Foreign,
+    /// Made neither by the set nor by this controller, and not labelled as either (created by
+    /// hand?): found by a live read after a drain pod's create failed on its name, and read
+    /// again every [`RECHECK_UNKNOWN_POD`] while it holds the name. Never ours to delete.
+    Unknown,
     /// A drain pod this controller made for this set.
     Drain(DrainPod),
 }
+
+/// How often an ordinal blocked by an [`PodKind::Unknown`] pod is looked at again (that pod is
+/// in no watched cache, so its deletion wakes nothing).
+pub const RECHECK_UNKNOWN_POD: Duration = Duration::from_secs(15);
 
 /// A pod named `<set>-<ordinal>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -902,6 +911,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
             Some(pod) => match &pod.kind {
                 PodKind::Other => p.stateful_pod(&ord, pod),
                 PodKind::Foreign => p.foreign_pod(&ord, pod),
+                PodKind::Unknown => p.unknown_pod(&ord, pod),
                 PodKind::Drain(drain) => {
                     // A drain pod holds a slot until it is gone, whatever its phase.
                     p.busy += 1;
@@ -1124,6 +1134,32 @@ impl<'a> Planner<'a> {
                 "let the drain run"
             }
         );
+        self.blocked(ord, reason)
+    }
+
+    /// A pod made neither by the set nor by us holds the name: report, never touch, hold no
+    /// slot, and look again soon (its deletion wakes no watch).
+    fn unknown_pod(&mut self, ord: &Ordinal<'_>, pod: &PodObs) -> Option<OrdinalState> {
+        if ord.in_range && ord.live.is_empty() {
+            return None;
+        }
+        self.requeue_at(add(self.now, RECHECK_UNKNOWN_POD));
+        let reason = format!(
+            "pod {} holds the name of this ordinal's drain pod but was made neither by the set \
+             nor by this controller (created by hand?); it is left alone and the claims are \
+             kept: delete it to {}",
+            pod.name,
+            if ord.in_range {
+                "let the set start its pod"
+            } else {
+                "let the drain run"
+            }
+        );
+        self.blocked(ord, reason)
+    }
+
+    /// The ordinal is blocked for `reason`: warned once (while the reason stays the same).
+    fn blocked(&mut self, ord: &Ordinal<'_>, reason: String) -> Option<OrdinalState> {
         let state = OrdinalState::Blocked { reason };
         if ord.previous != Some(&state) {
             let OrdinalState::Blocked { reason } = &state else {

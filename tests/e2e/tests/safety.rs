@@ -464,6 +464,68 @@ async fn a_set_being_deleted_is_left_alone() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_pod_made_by_hand_under_a_drained_name_blocks_only_its_ordinal_and_holds_no_slot()
+-> Result<()> {
+    // One drain at a time. While the controller is down the set goes 3 → 1 and someone
+    // starts a pod of their own named web-2 (a debug pod, say). The controller must show
+    // ordinal 2 blocked, never touch that pod, and drain ordinal 1 meanwhile: the pod is no
+    // drain and must not hold the only slot. Once it is deleted, ordinal 2 drains.
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-by-hand").await?;
+    let set = drain_set("web", WAIT_FOR_GO).annotation(annotations::MAX_CONCURRENT, "1");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim1 = claim_uid(&ns, "data-web-1").await?;
+    let claim2 = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 1).await?;
+    wait_pod_gone(&ns, "web-1", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    let pods = ns.api::<Pod>();
+    let by_hand = pods
+        .create(
+            &PostParams::default(),
+            &e2e::objects::job_pod("web-2", "data-web-2", "sleep 3600"),
+        )
+        .await?;
+    let by_hand_uid = uid_of(&by_hand);
+
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    wait_drain_pod(&ns, "web-1", Some("Running")).await?;
+    wait_ordinal_state(&ns, "web", 2, "blocked").await?;
+    let blocked = wait_event(&ns, "web", "DrainBlocked").await?;
+    eprintln!("{blocked:?}");
+    hold(HOLD, "the pod made by hand is left alone", || async {
+        let pod = pods.get_opt("web-2").await?;
+        ensure!(
+            pod.as_ref().is_some_and(
+                |p| uid_of(p) == by_hand_uid && p.metadata.deletion_timestamp.is_none()
+            ),
+            "the pod web-2 made by hand was touched"
+        );
+        assert_claim_unchanged(&ns, "data-web-2", &claim2).await
+    })
+    .await?;
+    exec(&ns, "web-1", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    let _ = claim1;
+
+    // Its owner deletes it: the drain of ordinal 2 runs (the pod is in no cache: the
+    // controller's recheck notices).
+    pods.delete("web-2", &DeleteParams::default()).await?;
+    let by_hand_uid = &by_hand_uid;
+    let pods = &pods;
+    wait_for(T, "a drain pod web-2 Running", || async move {
+        Ok(pods.get_opt("web-2").await?.is_some_and(|p| {
+            uid_of(&p) != *by_hand_uid && is_drain_pod(&p) && phase(&p) == "Running"
+        }))
+    })
+    .await?;
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_old_drain_pod_left_by_a_deleted_set_blocks_but_is_never_deleted() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "safe-old-pod").await?;

@@ -849,6 +849,7 @@ enum PodChoice {
         made_under: Option<(bool, bool)>,
     },
     Foreign,
+    Unknown,
 }
 
 fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
@@ -908,6 +909,7 @@ fn arb_pod_choice() -> impl Strategy<Value = PodChoice> {
         arb_drain_choice(),
         arb_drain_choice(),
         Just(PodChoice::Foreign),
+        Just(PodChoice::Unknown),
     ]
 }
 
@@ -1041,6 +1043,11 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                         PodChoice::Foreign => {
                             let mut p = stateful_pod(o);
                             p.kind = PodKind::Foreign;
+                            pods.push(p);
+                        }
+                        PodChoice::Unknown => {
+                            let mut p = stateful_pod(o);
+                            p.kind = PodKind::Unknown;
                             pods.push(p);
                         }
                     }
@@ -1836,6 +1843,57 @@ fn a_foreign_pod_blocks_is_reported_once_and_never_touched() {
     let plan2 = plan(&s, &settings(), t(1));
     assert!(plan2.actions.is_empty(), "{:?}", plan2.actions);
     assert_eq!(plan2.status, plan1.status);
+}
+
+#[test]
+fn a_pod_made_by_hand_blocks_its_ordinal_without_a_slot_and_is_looked_at_again() {
+    // Ordinal 2's name is held by a pod nobody here made; ordinal 1 must still drain with one
+    // slot, and ordinal 2 shows blocked (not draining), warned once, rechecked soon.
+    let mut by_hand = stateful_pod(2);
+    by_hand.kind = PodKind::Unknown;
+    let c1 = claim("data", 1);
+    let c2 = claim("data", 2);
+    let mut s = snap(1, vec![c2, c1.clone()], vec![by_hand]);
+    let plan1 = plan(&s, &settings(), t(0));
+    assert!(plan1.actions.contains(&create(1, &[&c1], 1, Some(t(0)))));
+    assert!(
+        !plan1
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateDrainPod { ordinal: 2, .. })),
+        "{:?}",
+        plan1.actions
+    );
+    let OrdinalState::Blocked { reason } = &plan1.status[&2] else {
+        panic!("{:?}", plan1.status[&2]);
+    };
+    assert!(
+        reason.contains("made neither by the set nor by this controller"),
+        "{reason}"
+    );
+    assert!(plan1.actions.iter().any(|a| matches!(
+        a,
+        Action::Warn {
+            ordinal: 2,
+            reason: "DrainBlocked",
+            ..
+        }
+    )));
+    assert!(
+        plan1
+            .requeue_after
+            .is_some_and(|r| r <= RECHECK_UNKNOWN_POD)
+    );
+    s.previous = plan1.status.clone();
+    let plan2 = plan(&s, &settings(), t(1));
+    assert!(
+        !plan2
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Warn { .. })),
+        "warned once: {:?}",
+        plan2.actions
+    );
 }
 
 #[test]
