@@ -136,7 +136,17 @@ mod tests {
             .spawn()
             .unwrap();
         let pgid = i32::try_from(child.id().unwrap()).unwrap();
-        let seen = running(pgid);
+        // Until the child has exec'd, /proc shows the parent's command line in it.
+        let started = std::time::Instant::now();
+        let seen = loop {
+            let seen = running(pgid);
+            if seen.first().is_some_and(|p| p.command == "sleep 1000")
+                || started.elapsed() > Duration::from_secs(5)
+            {
+                break seen;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!(seen[0].command, "sleep 1000");
         let stopped = stop(pgid, Duration::from_secs(5)).await;
