@@ -927,6 +927,15 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
     p.plan
 }
 
+/// What deleting the pod that blocks `ord` lets happen.
+fn unblocks(ord: &Ordinal<'_>) -> &'static str {
+    if ord.in_range {
+        "let the set start its pod"
+    } else {
+        "let the drain run"
+    }
+}
+
 impl<'a> Planner<'a> {
     fn requeue_at(&mut self, t: Timestamp) {
         let d = until(self.now, t).max(Duration::from_millis(100));
@@ -1128,11 +1137,7 @@ impl<'a> Planner<'a> {
             "pod {} is labelled as a drain pod of this set's name but is not owned by this set \
              (left by an earlier set of the same name?); it is left alone: delete it to {}",
             pod.name,
-            if ord.in_range {
-                "let the set start its pod"
-            } else {
-                "let the drain run"
-            }
+            unblocks(ord)
         );
         self.blocked(ord, reason)
     }
@@ -1149,11 +1154,7 @@ impl<'a> Planner<'a> {
              nor by this controller (created by hand?); it is left alone and the claims are \
              kept: delete it to {}",
             pod.name,
-            if ord.in_range {
-                "let the set start its pod"
-            } else {
-                "let the drain run"
-            }
+            unblocks(ord)
         );
         self.blocked(ord, reason)
     }

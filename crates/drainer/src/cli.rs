@@ -149,34 +149,9 @@ pub struct RedistributeArgs {
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
 
-    /// Records sent per second at most, across all concurrent PUTs; 0 means no limit.
-    ///
-    /// Caps the load a drain puts on the remaining pods. Every PUT (a retry too) waits for its
-    /// turn: PUTs start at least 1/N s apart, the first at once, and time spent idle (between
-    /// rounds, waiting on slow answers) does not build up a burst. A PUT's wait for its turn
-    /// does not count toward --request-timeout.
-    #[arg(
-        long,
-        env = "DRAINER_MAX_RATE",
-        default_value_t = 0,
-        value_name = "RECORDS_PER_SEC"
-    )]
-    pub max_rate: u32,
-
-    /// Bytes of record values sent per second at most, across all concurrent PUTs; 0 means no
-    /// limit.
-    ///
-    /// Caps the bandwidth a drain of large records takes from the remaining pods. A record
-    /// still streaming counts as progress (`bytesSent` in the progress annotation), so a
-    /// record that takes longer than `drain-stall-seconds` to send at this rate is not taken
-    /// for a stalled drain.
-    #[arg(
-        long,
-        env = "DRAINER_MAX_BYTES_PER_SECOND",
-        default_value_t = 0,
-        value_name = "BYTES_PER_SEC"
-    )]
-    pub max_bytes_per_second: u64,
+    /// Rate limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 
     /// Retries of one record's PUT after a connection error or a 5xx/408/429 answer.
     #[arg(long, env = "DRAINER_PUT_RETRIES", default_value_t = 5)]
@@ -229,6 +204,39 @@ pub struct RedistributeArgs {
     pub progress_interval: Duration,
 }
 
+/// How fast records are sent to the peers (`redistribute` and `rebalance`).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct LimitArgs {
+    /// Records sent per second at most, across all concurrent PUTs; 0 means no limit.
+    ///
+    /// Caps the load on the remaining pods. Every PUT (a retry too) waits for its turn: PUTs
+    /// start at least 1/N s apart, the first at once, and time spent idle (between rounds,
+    /// waiting on slow answers) does not build up a burst. A PUT's wait for its turn does not
+    /// count toward --idle-timeout.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_RATE",
+        default_value_t = 0,
+        value_name = "RECORDS_PER_SEC"
+    )]
+    pub max_rate: u32,
+
+    /// Bytes of record values sent per second at most, across all concurrent PUTs; 0 means no
+    /// limit.
+    ///
+    /// Caps the bandwidth large records take from the remaining pods, paced per 64 KiB chunk.
+    /// A record still streaming counts as progress (`bytesSent` in the progress annotation),
+    /// so a record that takes longer than `drain-stall-seconds` to send at this rate is not
+    /// taken for a stalled drain.
+    #[arg(
+        long,
+        env = "DRAINER_MAX_BYTES_PER_SECOND",
+        default_value_t = 0,
+        value_name = "BYTES_PER_SEC"
+    )]
+    pub max_bytes_per_second: u64,
+}
+
 /// Options of `drainer rebalance`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RebalanceArgs {
@@ -245,23 +253,9 @@ pub struct RebalanceArgs {
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
 
-    /// Records sent per second at most; 0 means no limit.
-    #[arg(
-        long,
-        env = "DRAINER_MAX_RATE",
-        default_value_t = 0,
-        value_name = "RECORDS_PER_SEC"
-    )]
-    pub max_rate: u32,
-
-    /// Bytes of record values sent per second at most; 0 means no limit.
-    #[arg(
-        long,
-        env = "DRAINER_MAX_BYTES_PER_SECOND",
-        default_value_t = 0,
-        value_name = "BYTES_PER_SEC"
-    )]
-    pub max_bytes_per_second: u64,
+    /// Rate limits.
+    #[command(flatten)]
+    pub limits: LimitArgs,
 
     /// A PUT fails when no byte moved and no answer came for this long.
     #[arg(long, env = "DRAINER_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
@@ -421,8 +415,8 @@ mod tests {
         assert_eq!(r.peers.peer_dns_suffix.as_deref(), Some("ds.ns.svc"));
         assert_eq!(r.concurrency, 8);
         assert_eq!(r.max_rounds, 6);
-        assert_eq!(r.max_rate, 0, "unlimited by default");
-        assert_eq!(r.max_bytes_per_second, 0, "unlimited by default");
+        assert_eq!(r.limits.max_rate, 0, "unlimited by default");
+        assert_eq!(r.limits.max_bytes_per_second, 0, "unlimited by default");
     }
 
     #[test]
@@ -432,7 +426,7 @@ mod tests {
                 let Command::Redistribute(r) = args.command else {
                     panic!("not redistribute");
                 };
-                r.max_rate
+                r.limits.max_rate
             })
         };
         assert_eq!(parse("40").unwrap(), 40);

@@ -87,6 +87,14 @@ fn peer_at(ordinal: i32, addr: SocketAddr) -> Peer {
     )
 }
 
+/// Serves `app` on an ephemeral port of 127.0.0.1 until the test ends.
+async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
 /// A peer that answers every request with `status` and counts them.
 async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
@@ -106,9 +114,7 @@ async fn fixed_status_peer(ordinal: i32, status: StatusCode) -> (Peer, Arc<Atomi
             }
         },
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     (peer_at(ordinal, addr), hits)
 }
 
@@ -135,9 +141,7 @@ async fn recording_peer(ordinal: i32) -> (Peer, Arc<Mutex<Vec<Instant>>>) {
             },
         ),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     (peer_at(ordinal, addr), arrivals)
 }
 
@@ -374,9 +378,7 @@ async fn an_endless_error_answer_is_read_only_up_to_its_bound() {
             answer
         }
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
     let peers = StaticPeers(PeerSet::all_ready([peer_at(0, addr)]));
     let data = tempfile::tempdir().unwrap();
     std::fs::write(data.path().join("k"), b"v").unwrap();
@@ -601,9 +603,7 @@ async fn retries_transient_failures() {
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = serve(app).await;
 
     let data = tempfile::tempdir().unwrap();
     let all = records(5);
