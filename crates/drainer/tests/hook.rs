@@ -667,12 +667,15 @@ fn binary_reaps_the_orphans_the_hook_leaves() {
     // orphan exits.
     let script = r#"
         if [ "$DRAIN_HOOK_ATTEMPT" = 1 ]; then
-            setsid sleep 1 >/dev/null 2>&1 &
-            echo $! > "$PID_FILE.tmp" && mv "$PID_FILE.tmp" "$PID_FILE"
+            setsid sh -c 'echo $$ > "$PID_FILE.tmp" && mv "$PID_FILE.tmp" "$PID_FILE" && exec sleep 2' \
+                >/dev/null 2>&1 &
+            # Exit only once the orphan has left the group: the drainer stops what is left of
+            # the group after a failed run, and would kill a child still about to call setsid.
+            while [ ! -e "$PID_FILE" ]; do sleep 0.01; done
             exit 75
         fi
         touch "$SECOND"
-        sleep 3
+        sleep 5
     "#;
     let mut child = drainer(home.path())
         .env("PID_FILE", &pid_file)
@@ -710,7 +713,7 @@ fn binary_reaps_the_orphans_the_hook_leaves() {
             Some((_, ppid, _)) if ppid == drainer_pid => break,
             Some((_, _, stat)) => {
                 assert!(
-                    written.elapsed() < Duration::from_millis(900),
+                    written.elapsed() < Duration::from_millis(1800),
                     "not adopted by the drainer: {stat}"
                 );
                 std::thread::sleep(Duration::from_millis(10));
@@ -718,8 +721,8 @@ fn binary_reaps_the_orphans_the_hook_leaves() {
             None => panic!("orphan {orphan} gone before it was adopted"),
         }
     }
-    // It exits 1s after it started; reaped on SIGCHLD, or by the next tick at the latest.
-    std::thread::sleep(Duration::from_millis(2200).saturating_sub(written.elapsed()));
+    // It exits 2s after it started; reaped on SIGCHLD, or by the next tick at the latest.
+    std::thread::sleep(Duration::from_millis(3500).saturating_sub(written.elapsed()));
     assert!(second.exists(), "the second run started");
     assert!(
         child.try_wait().unwrap().is_none(),
