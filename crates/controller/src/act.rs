@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{info, warn};
 
 use crate::plan::{Action, ClaimRef, DeleteWhy, FailureKind};
+use crate::retain::RetainError;
 use crate::template::{DrainPodInput, DrainTemplate};
 
 /// Severity of an Event.
@@ -84,6 +85,25 @@ pub enum Patched {
     Gone,
 }
 
+/// What retaining one claim's volume came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retained {
+    /// The volume is marked and its policy is `Retain` (now or from an earlier try).
+    Marked {
+        /// The volume.
+        volume: String,
+    },
+    /// The volume's policy was `Retain` already, by its owner's choice: left as it is.
+    KeptByOwner {
+        /// The volume.
+        volume: String,
+    },
+    /// The claim is bound to no volume (or to one that is gone): no data to keep.
+    NoVolume,
+    /// The claim is gone or was replaced.
+    ClaimGone,
+}
+
 /// The calls the act step makes, in one namespace. The real one talks to the API server; tests
 /// use a fake that records calls and injects errors.
 pub trait Cluster: Sync {
@@ -122,6 +142,14 @@ pub trait Cluster: Sync {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<String>, kube::Error>> + Send;
+    /// Sets the reclaim policy of the volume of `claim` (drained by drain pod `pod`) to
+    /// `Retain` and marks it until `until` ([`crate::retain`]), reading both live.
+    fn retain_volume(
+        &self,
+        claim: &ClaimRef,
+        pod: &str,
+        until: Timestamp,
+    ) -> impl Future<Output = Result<Retained, RetainError>> + Send;
     /// Publishes an Event (best effort: failures are logged, not returned).
     fn event(&self, event: &EventSpec) -> impl Future<Output = ()> + Send;
     /// Whether this replica may still act (the leader-election fence, checked before each
@@ -198,6 +226,15 @@ pub enum ActError {
         #[source]
         source: kube::Error,
     },
+    /// Retaining a drained claim's volume failed: the claim is kept.
+    #[error("failed to retain the volume of claim {name}; the claim is kept")]
+    RetainVolume {
+        /// Claim name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: RetainError,
+    },
     /// A drain pod was to be created without a valid template (a planner bug).
     #[error("no valid drain template to create drain pod {name}")]
     NoTemplate {
@@ -214,6 +251,7 @@ impl ActError {
             Self::DeleteDrainPod { .. } => "DeleteDrainPodFailed",
             Self::DeleteClaim { .. } => "DeleteClaimFailed",
             Self::AnnotateClaim { .. } => "AnnotateClaimFailed",
+            Self::RetainVolume { .. } => "RetainVolumeFailed",
             Self::Confirm { .. } => "ReadFailed",
             Self::NotLeader => "NotLeader",
         }
@@ -229,6 +267,10 @@ impl ActError {
             | Self::DeleteClaim { source, .. }
             | Self::Confirm { source, .. }
             | Self::AnnotateClaim { source, .. } => source,
+            Self::RetainVolume { source, .. } => match source {
+                RetainError::Api { source, .. } | RetainError::Claim { source, .. } => source,
+                RetainError::BoundElsewhere { .. } => return false,
+            },
             Self::NotLeader | Self::NoTemplate { .. } => return false,
         };
         // The cause's `reason` is the Kubernetes StatusCause's type.
@@ -238,10 +280,14 @@ impl ActError {
 
     /// The error with its cause, for people: "failed to delete claim data-web-2: denied".
     pub fn describe(&self) -> String {
-        match std::error::Error::source(self) {
-            Some(source) => format!("{self}: {source}"),
-            None => self.to_string(),
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(source) = cause {
+            out.push_str(": ");
+            out.push_str(&source.to_string());
+            cause = source.source();
         }
+        out
     }
 }
 
@@ -277,6 +323,8 @@ pub enum Outcome {
     /// The drain pod changed since it was observed (or is gone); the ordinal's remaining actions
     /// are skipped and it is planned again.
     Changed,
+    /// The volumes of the claims were retained: one line per claim, for the Event.
+    Retained(Vec<String>),
     /// This claim is gone or was replaced since it was observed: nothing more is written to it,
     /// the ordinal's remaining actions are skipped and it is planned again from fresh state.
     ClaimGone(String),
@@ -416,6 +464,11 @@ async fn apply_one<C: Cluster>(
             why,
             ..
         } => delete_drain_pod(cluster, name, uid, resource_version.as_deref(), *why).await,
+        Action::RetainVolumes {
+            ordinal,
+            claims,
+            until,
+        } => retain_volumes(cluster, &ctx.pod_name(*ordinal), claims, *until).await,
         Action::DeleteClaims { claims, .. } => delete_claims(cluster, claims).await,
         Action::ClearRecord { claims, .. } => clear_record(cluster, claims).await,
         Action::Warn { message, .. } => {
@@ -581,6 +634,42 @@ async fn delete_claims<C: Cluster>(cluster: &C, claims: &[ClaimRef]) -> Result<O
         info!(claim = %c.name, "deleted drained claim");
     }
     Ok(Outcome::Done)
+}
+
+/// Retains the volume of each claim before it is deleted; stops at the first that cannot be.
+async fn retain_volumes<C: Cluster>(
+    cluster: &C,
+    pod: &str,
+    claims: &[ClaimRef],
+    until: Timestamp,
+) -> Result<Outcome, ActError> {
+    let mut lines = Vec::new();
+    for c in claims {
+        let retained = cluster
+            .retain_volume(c, pod, until)
+            .await
+            .map_err(|source| ActError::RetainVolume {
+                name: c.name.clone(),
+                source,
+            })?;
+        let line = match retained {
+            Retained::Marked { volume } => {
+                info!(claim = %c.name, %volume, %until, "retained the drained claim's volume");
+                format!(
+                    "volume {volume} of claim {} is retained until {until}",
+                    c.name
+                )
+            }
+            Retained::KeptByOwner { volume } => format!(
+                "volume {volume} of claim {} has reclaim policy Retain already; left as it is",
+                c.name
+            ),
+            Retained::NoVolume => format!("claim {} is bound to no volume", c.name),
+            Retained::ClaimGone => return Ok(Outcome::ClaimGone(c.name.clone())),
+        };
+        lines.push(line);
+    }
+    Ok(Outcome::Retained(lines))
 }
 
 /// Removes every drain annotation from the claims.
@@ -784,6 +873,13 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
             "DryRunDeleteDrainPod",
             format!("would delete drain pod {pod} ({why:?})"),
         ),
+        Action::RetainVolumes { claims, until, .. } => (
+            "DryRunRetainVolumes",
+            format!(
+                "would retain the volumes of claims {} until {until}",
+                names(claims)
+            ),
+        ),
         Action::DeleteClaims { claims, .. } => (
             "DryRunDeleteClaims",
             format!(
@@ -958,6 +1054,18 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                 ),
             ]
         }
+        Action::RetainVolumes { .. } => match outcome {
+            Outcome::Retained(lines) => vec![on_set(
+                Normal,
+                "VolumesRetained",
+                format!(
+                    "{}; kubectl drain-status {} --volumes shows how to restore one",
+                    lines.join("; "),
+                    ctx.set_name
+                ),
+            )],
+            _ => Vec::new(),
+        },
         Action::Warn {
             reason, message, ..
         } => vec![on_set(Warning, reason, message.clone())],

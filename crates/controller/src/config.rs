@@ -67,6 +67,9 @@ pub struct DrainConfig {
     pub manual_approval: bool,
     /// What proves that a drain pod finished.
     pub proof: SuccessProof,
+    /// How long a drained claim's volume is kept (reclaim policy `Retain`) after the claim is
+    /// deleted; `None` (the default) keeps nothing.
+    pub retain_volume_for: Option<Duration>,
 }
 
 impl Default for DrainConfig {
@@ -80,6 +83,7 @@ impl Default for DrainConfig {
             stall_after: None,
             manual_approval: false,
             proof: SuccessProof::CompletionRecord,
+            retain_volume_for: None,
         }
     }
 }
@@ -163,6 +167,13 @@ impl DrainConfig {
                 "exit-code" => SuccessProof::ExitCode,
                 _ => return Err(invalid(key, value, "completion-record or exit-code")),
             };
+        }
+        if let Some((key, value)) = get(annotations::RETAIN_VOLUME_FOR) {
+            let duration = humantime::parse_duration(value.trim())
+                .ok()
+                .filter(|d| *d >= Duration::from_secs(1))
+                .ok_or_else(|| invalid(key, value, "a duration of at least 1s, like 72h or 7d"))?;
+            config.retain_volume_for = Some(duration);
         }
         Ok(config)
     }
@@ -248,6 +259,7 @@ mod tests {
             (annotations::STALL_SECONDS, "120"),
             (annotations::APPROVAL, "manual"),
             (annotations::SUCCESS_PROOF, "exit-code"),
+            (annotations::RETAIN_VOLUME_FOR, "7d"),
             ("unrelated.example.com/key", "anything"),
         ]);
         assert_eq!(
@@ -261,6 +273,7 @@ mod tests {
                 stall_after: Some(Duration::from_secs(120)),
                 manual_approval: true,
                 proof: SuccessProof::ExitCode,
+                retain_volume_for: Some(Duration::from_secs(7 * 86_400)),
             })
         );
     }
@@ -273,12 +286,19 @@ mod tests {
     #[case::stall_seconds(annotations::STALL_SECONDS, "300")]
     #[case::proof_record(annotations::SUCCESS_PROOF, "completion-record")]
     #[case::proof_exit_code(annotations::SUCCESS_PROOF, " exit-code ")]
+    #[case::retain_hours(annotations::RETAIN_VOLUME_FOR, "72h")]
+    #[case::retain_compound(annotations::RETAIN_VOLUME_FOR, " 1h 30m ")]
     fn accepts(#[case] annotation: &str, #[case] value: &str) {
         assert!(parse(&[(annotation, value)]).is_ok());
     }
 
     #[rstest]
     #[case::max_concurrent_zero(annotations::MAX_CONCURRENT, "0")]
+    #[case::retain_bare_number(annotations::RETAIN_VOLUME_FOR, "3600")]
+    #[case::retain_zero(annotations::RETAIN_VOLUME_FOR, "0s")]
+    #[case::retain_under_a_second(annotations::RETAIN_VOLUME_FOR, "500ms")]
+    #[case::retain_negative(annotations::RETAIN_VOLUME_FOR, "-1h")]
+    #[case::retain_empty(annotations::RETAIN_VOLUME_FOR, "")]
     #[case::max_concurrent_negative(annotations::MAX_CONCURRENT, "-1")]
     #[case::max_concurrent_word(annotations::MAX_CONCURRENT, "many")]
     #[case::max_concurrent_empty(annotations::MAX_CONCURRENT, "")]

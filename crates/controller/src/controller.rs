@@ -13,7 +13,7 @@ use drain_api::{annotations, labels};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -26,12 +26,15 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::act::{
-    self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Severity, Subject,
+    self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity,
+    Subject,
 };
 use crate::leader::Leadership;
 use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry, version_of};
 use crate::metrics::Metrics;
+use crate::plan::ClaimRef;
 use crate::recent::{self, Recent};
+use crate::retain::{self, RetainError};
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
 use crate::status_writer::{Patcher, StatusWriter, Target};
@@ -138,6 +141,8 @@ pub struct Context {
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
+    /// Wakes the sweep of retained volumes when one was marked ([`retain::sweep`]).
+    retained: Arc<tokio::sync::Notify>,
     /// The built-in StatefulSets' cache.
     sets: Store<StatefulSet>,
     /// The Advanced StatefulSets' cache, once that kind is served.
@@ -893,6 +898,7 @@ pub async fn run(
         taken: Mutex::default(),
         status,
         dry_run_reported: Mutex::default(),
+        retained: Arc::default(),
         metrics: telemetry.metrics,
         ready,
         client,
@@ -926,6 +932,13 @@ pub async fn run(
             }
         }
     });
+    let sweeper = tokio::spawn(retain::sweep(
+        ctx.client.clone(),
+        ctx.config.leadership.clone(),
+        ctx.config.namespace.clone(),
+        Arc::clone(&ctx.retained),
+        FIELD_MANAGER,
+    ));
     let nudger = tokio::spawn(tell_kruise(
         Arc::clone(&ctx),
         Arc::clone(&routes.advanced),
@@ -971,6 +984,7 @@ pub async fn run(
         _ => Stopped::DroppedReconciles,
     };
     nudger.abort();
+    sweeper.abort();
     forgetter.abort();
     secondary.abort();
     gate.abort();
@@ -1014,6 +1028,10 @@ struct KubeCluster<'a, K> {
     withdrawing: &'a Mutex<HashMap<SetId, BTreeMap<String, String>>>,
     /// Pods by hand holding a name ([`Context`]'s).
     taken: &'a Taken,
+    /// The volumes, for retention (cluster-scoped).
+    volumes: Api<PersistentVolume>,
+    /// Wakes the sweep of retained volumes ([`Context`]'s).
+    retained: &'a tokio::sync::Notify,
     /// This set's key in all three.
     id: SetId,
 }
@@ -1207,6 +1225,68 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             resource_version,
         )
         .await
+    }
+
+    async fn retain_volume(
+        &self,
+        claim: &ClaimRef,
+        pod: &str,
+        until: Timestamp,
+    ) -> Result<Retained, RetainError> {
+        let result = self.claims.get_opt(&claim.name).await;
+        self.metrics
+            .request("get", "persistentvolumeclaims", &result);
+        let live = match result {
+            Ok(Some(c)) if c.metadata.uid.as_deref() == Some(claim.uid.as_str()) => c,
+            Ok(_) => return Ok(Retained::ClaimGone),
+            Err(source) => {
+                return Err(RetainError::Claim {
+                    claim: claim.name.clone(),
+                    source,
+                });
+            }
+        };
+        let Some(volume) = live
+            .spec
+            .and_then(|s| s.volume_name)
+            .filter(|v| !v.is_empty())
+        else {
+            return Ok(Retained::NoVolume);
+        };
+        let api_error = |what, source| RetainError::Api {
+            what,
+            volume: volume.clone(),
+            source,
+        };
+        let result = self.volumes.get_opt(&volume).await;
+        self.metrics.request("get", "persistentvolumes", &result);
+        let Some(pv) = result.map_err(|e| api_error("read", e))? else {
+            return Ok(Retained::NoVolume);
+        };
+        let namespace = self.set.namespace.as_deref().unwrap_or_default();
+        let retention = retain::Retention {
+            namespace,
+            set: self.set.name.as_deref().unwrap_or_default(),
+            pod,
+            claim: &claim.name,
+            claim_uid: &claim.uid,
+            until,
+        };
+        match retain::mark(&pv, &retention)? {
+            retain::Marking::Patch(patch) => {
+                let pp = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                };
+                let result = self.volumes.patch(&volume, &pp, &Patch::Merge(patch)).await;
+                self.metrics.request("patch", "persistentvolumes", &result);
+                result.map_err(|e| api_error("patch", e))?;
+                self.retained.notify_one();
+                Ok(Retained::Marked { volume })
+            }
+            retain::Marking::Already => Ok(Retained::Marked { volume }),
+            retain::Marking::KeptByOwner => Ok(Retained::KeptByOwner { volume }),
+        }
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
@@ -1690,6 +1770,8 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             unconfirmed: &ctx.unconfirmed,
             withdrawing: &ctx.withdrawing,
             taken: &ctx.taken,
+            volumes: Api::all(ctx.client.clone()),
+            retained: &ctx.retained,
             id: set_id(kind, &set),
         };
         let act_ctx = ActCtx {

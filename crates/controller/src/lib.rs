@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod recent;
+pub mod retain;
 pub mod set_kind;
 pub mod status;
 pub mod status_memo;

@@ -3,6 +3,7 @@
 //! the caller.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use drain_api::completion::CompletionRecord;
 use drain_api::{annotations, claim_annotations, labels, pod_annotations};
@@ -14,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::config::SuccessProof;
 use crate::plan::{
     Blocker, Claim, DrainPhase, DrainPod, DrainProgress, DrainRecord, PodKind, PodObs, PodSettings,
-    Snapshot,
+    RETAIN_FALLBACK, Snapshot,
 };
 use crate::status::StatusReport;
 
@@ -239,6 +240,12 @@ fn pod_settings(meta: &ObjectMeta) -> Option<PodSettings> {
             Some("exit-code") => SuccessProof::ExitCode,
             _ => SuccessProof::CompletionRecord,
         },
+        // A value that is there but unclear still retains, for the fallback time.
+        retain_volume_for: value.get("retainVolumeForSeconds").map(|v| {
+            v.as_u64()
+                .filter(|&s| s > 0)
+                .map_or(RETAIN_FALLBACK, Duration::from_secs)
+        }),
     })
 }
 
@@ -607,7 +614,8 @@ mod tests {
             settings(r#"{"approval":"automatic","successProof":"exit-code"}"#),
             Some(PodSettings {
                 manual_approval: false,
-                proof: SuccessProof::ExitCode
+                proof: SuccessProof::ExitCode,
+                retain_volume_for: None,
             })
         );
         // Anything unclear holds deletes and asks for the record.
@@ -615,8 +623,19 @@ mod tests {
             settings(r#"{"approval":"Automatic","successProof":"exit code"}"#),
             Some(PodSettings {
                 manual_approval: true,
-                proof: SuccessProof::CompletionRecord
+                proof: SuccessProof::CompletionRecord,
+                retain_volume_for: None,
             })
+        );
+        assert_eq!(
+            settings(r#"{"approval":"automatic","retainVolumeForSeconds":3600}"#)
+                .and_then(|s| s.retain_volume_for),
+            Some(Duration::from_secs(3600))
+        );
+        assert_eq!(
+            settings(r#"{"approval":"automatic","retainVolumeForSeconds":"1h"}"#)
+                .and_then(|s| s.retain_volume_for),
+            Some(RETAIN_FALLBACK)
         );
         assert_eq!(settings("not json"), None);
         assert_eq!(pod_settings(&ObjectMeta::default()), None);

@@ -187,6 +187,8 @@ pub struct PodSettings {
     pub manual_approval: bool,
     /// `drain-success-proof`.
     pub proof: SuccessProof,
+    /// `drain-retain-volume-for`.
+    pub retain_volume_for: Option<Duration>,
 }
 
 /// What a drain pod proves about its drain, under the set's [`SuccessProof`].
@@ -398,6 +400,9 @@ pub struct Settings {
     pub manual_approval: bool,
     /// What proves that a drain pod finished (`drain-success-proof`).
     pub proof: SuccessProof,
+    /// How long a drained claim's volume is retained after the claim is deleted
+    /// (`drain-retain-volume-for`).
+    pub retain_volume_for: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -418,9 +423,15 @@ impl Default for Settings {
             scale_up_wait: Duration::from_secs(300),
             manual_approval: false,
             proof: SuccessProof::CompletionRecord,
+            retain_volume_for: None,
         }
     }
 }
+
+/// How long a volume is retained when `drain-retain-volume-for` is set but cannot be read (on
+/// the set, or in a drain pod's recorded settings): retaining costs storage for a while, not
+/// retaining would cost the data the user asked to keep.
+pub const RETAIN_FALLBACK: Duration = Duration::from_secs(7 * 86_400);
 
 /// A claim, by name and UID (deletes are preconditioned on the UID).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -563,6 +574,18 @@ pub enum Action {
         /// The drain pod's UID.
         pod_uid: String,
     },
+    /// Before [`Action::DeleteClaims`] under `drain-retain-volume-for`: set the reclaim policy
+    /// of each claim's PersistentVolume to `Retain` and mark it with its claim, set, drain pod
+    /// and `until`, so the data outlives the claim. A volume that cannot be marked keeps its
+    /// claim (the ordinal's next actions do not run).
+    RetainVolumes {
+        /// Ordinal.
+        ordinal: i32,
+        /// The claims about to be deleted.
+        claims: Vec<ClaimRef>,
+        /// When the retention ends (the original policy is put back).
+        until: Timestamp,
+    },
     /// Delete claims whose drain succeeded (UID precondition).
     DeleteClaims {
         /// Ordinal.
@@ -606,6 +629,7 @@ impl Action {
             | Self::RecordReturn { ordinal, .. }
             | Self::RecordSuccess { ordinal, .. }
             | Self::DeleteDrainPod { ordinal, .. }
+            | Self::RetainVolumes { ordinal, .. }
             | Self::DeleteClaims { ordinal, .. }
             | Self::ClearRecord { ordinal, .. }
             | Self::AwaitApproval { ordinal, .. }
@@ -1509,6 +1533,18 @@ impl<'a> Planner<'a> {
             }
         }
         let done = claim_refs(&drained);
+        // The longer of the set's retention and the one the drain started under.
+        let retain = self
+            .settings
+            .retain_volume_for
+            .max(drain.settings.and_then(|s| s.retain_volume_for));
+        if let Some(retain) = retain.filter(|_| !done.is_empty()) {
+            self.act(Action::RetainVolumes {
+                ordinal: ord.ordinal,
+                claims: done.clone(),
+                until: self.now + retain,
+            });
+        }
         if !done.is_empty() {
             self.act(Action::DeleteClaims {
                 ordinal: ord.ordinal,

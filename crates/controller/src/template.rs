@@ -608,11 +608,14 @@ fn inherit(drain: &mut PodSpec, set: &PodSpec) {
 
 /// The [`pod_annotations::SETTINGS`] value for drain pods made under `config`.
 pub fn settings_annotation(config: &DrainConfig) -> String {
-    serde_json::json!({
+    let mut value = serde_json::json!({
         "approval": if config.manual_approval { "manual" } else { "automatic" },
         "successProof": config.proof.as_str(),
-    })
-    .to_string()
+    });
+    if let Some(retain) = config.retain_volume_for {
+        value["retainVolumeForSeconds"] = retain.as_secs().into();
+    }
+    value.to_string()
 }
 
 impl DrainTemplate {

@@ -120,10 +120,19 @@ pub fn settings(
         Some(v) if v.trim() == SuccessProof::ExitCode.as_str() => SuccessProof::ExitCode,
         _ => SuccessProof::CompletionRecord,
     };
+    // A retention that does not parse still retains (for the fallback time).
+    let retain_volume_for = config.retain_volume_for.or_else(|| {
+        set.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(drain_api::annotations::RETAIN_VOLUME_FOR))
+            .map(|_| crate::plan::RETAIN_FALLBACK)
+    });
     Settings {
         new_drains,
         manual_approval,
         proof,
+        retain_volume_for,
         max_concurrent: config
             .max_concurrent
             .or(default_max_concurrent)

@@ -51,6 +51,13 @@ pub mod annotations {
     ///
     /// Any other value is invalid, and until it is fixed the completion record is required.
     pub const SUCCESS_PROOF: &str = "statefulsets.kubernetes.io/drain-success-proof";
+    /// A duration (`72h`, `7d`, `30m`): before a drained claim is deleted, its
+    /// PersistentVolume's reclaim policy is set to `Retain` and the volume is marked
+    /// ([`retained`](crate::retained)), so the data outlives the claim for this long and can be
+    /// restored; then its original policy is put back (for a dynamically provisioned volume,
+    /// `Delete`: the provisioner frees it). If the volume cannot be marked, the claim is kept.
+    /// Default: no retention.
+    pub const RETAIN_VOLUME_FOR: &str = "statefulsets.kubernetes.io/drain-retain-volume-for";
     /// Written by the controller on the StatefulSet: a JSON summary of every ordinal it tracks
     /// (waiting, draining, retrying, failed, done), for `kubectl get -o yaml` readers.
     pub const STATUS: &str = "statefulsets.kubernetes.io/drain-status";
@@ -122,6 +129,40 @@ pub mod pod_annotations {
     /// the set's current ones where those are stricter), so opting out or changing an
     /// annotation mid-drain cannot drop an approval or lower the proof.
     pub const SETTINGS: &str = "statefulsets.kubernetes.io/drain-settings";
+}
+
+/// Marks the controller puts on a PersistentVolume it retains after its claim was drained
+/// ([`annotations::RETAIN_VOLUME_FOR`]). Label values are the names when they are valid label
+/// values; the annotations always hold them.
+pub mod retained {
+    /// Label `"true"` on every retained volume (`kubectl get pv -l
+    /// statefulsets.kubernetes.io/drain-retained=true`).
+    pub const LABEL: &str = "statefulsets.kubernetes.io/drain-retained";
+    /// Label: the namespace of the drained claim.
+    pub const NAMESPACE_LABEL: &str = "statefulsets.kubernetes.io/drain-retained-namespace";
+    /// Label: the StatefulSet.
+    pub const SET_LABEL: &str = "statefulsets.kubernetes.io/drain-retained-set";
+    /// Label: the drained claim.
+    pub const CLAIM_LABEL: &str = "statefulsets.kubernetes.io/drain-retained-claim";
+    /// Label: the drain pod that drained it.
+    pub const POD_LABEL: &str = "statefulsets.kubernetes.io/drain-retained-pod";
+    /// Annotation: `<namespace>/<claim>` of the drained claim.
+    pub const CLAIM: &str = "statefulsets.kubernetes.io/drain-retained-claim";
+    /// Annotation: the drained claim's UID (the volume is retained for that claim only).
+    pub const CLAIM_UID: &str = "statefulsets.kubernetes.io/drain-retained-claim-uid";
+    /// Annotation: `<namespace>/<set>`.
+    pub const SET: &str = "statefulsets.kubernetes.io/drain-retained-set";
+    /// Annotation: the drain pod's name.
+    pub const POD: &str = "statefulsets.kubernetes.io/drain-retained-pod";
+    /// Annotation: the reclaim policy the volume had before (`Delete`, `Recycle`); put back
+    /// when the retention ends.
+    pub const FROM_POLICY: &str = "statefulsets.kubernetes.io/drain-retained-from-policy";
+    /// Annotation: RFC 3339 time after which the original policy is put back.
+    pub const UNTIL: &str = "statefulsets.kubernetes.io/drain-retained-until";
+    /// Every label, for removal when a retention ends without the volume going.
+    pub const LABELS: [&str; 5] = [LABEL, NAMESPACE_LABEL, SET_LABEL, CLAIM_LABEL, POD_LABEL];
+    /// Every annotation, likewise.
+    pub const ANNOTATIONS: [&str; 6] = [CLAIM, CLAIM_UID, SET, POD, FROM_POLICY, UNTIL];
 }
 
 pub mod completion;

@@ -6,16 +6,17 @@
 //! shown.
 
 mod view;
+mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
-use drain_api::{annotations, labels};
+use drain_api::{annotations, labels, retained};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -40,6 +41,10 @@ struct Args {
     /// Look in every namespace (overrides --namespace).
     #[arg(short = 'A', long)]
     all_namespaces: bool,
+    /// List the volumes kept after their drained claims were deleted
+    /// (drain-retain-volume-for), with how to restore each, instead of the drain status.
+    #[arg(long)]
+    volumes: bool,
     /// Log filter (tracing EnvFilter syntax, e.g. debug); logs go to stderr. Off by default:
     /// errors are reported once, as the last line.
     #[arg(long, env = "RUST_LOG", default_value = "off")]
@@ -89,6 +94,9 @@ enum FetchError {
         #[source]
         source: KubeError,
     },
+    /// Listing PersistentVolumes failed.
+    #[error("failed to list retained persistentvolumes")]
+    ListVolumes(#[source] KubeError),
     /// Listing drain pods failed.
     #[error("failed to list drain pods in {scope}")]
     ListDrainPods {
@@ -161,6 +169,19 @@ async fn main() -> ExitCode {
         eprintln!("error: {}", drain_logging::error_chain(&e));
         return ExitCode::FAILURE;
     }
+    if args.volumes {
+        return match fetch_volumes(&args).await {
+            Ok(found) if found.is_empty() => {
+                eprintln!("No retained volumes found.");
+                ExitCode::SUCCESS
+            }
+            Ok(found) => write_out(&volumes::render(&found, Timestamp::now())),
+            Err(e) => {
+                eprintln!("error: {}", drain_logging::error_chain(&e));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let sets = match fetch(&args).await {
         Ok(sets) => sets,
         Err(e) => {
@@ -181,6 +202,11 @@ async fn main() -> ExitCode {
         out.push_str(note);
         out.push('\n');
     }
+    write_out(&out)
+}
+
+/// Writes `out` to stdout.
+fn write_out(out: &str) -> ExitCode {
     match std::io::stdout().lock().write_all(out.as_bytes()) {
         // A closed pipe (`| head`) is the reader's choice, not a failure.
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
@@ -302,6 +328,31 @@ async fn fetch(args: &Args) -> Result<Vec<SetSnapshot>, FetchError> {
             }
         })
         .collect())
+}
+
+/// The retained volumes in scope (of `args.set` only, if given), by claim namespace and name.
+async fn fetch_volumes(args: &Args) -> Result<Vec<volumes::RetainedVolume>, FetchError> {
+    let client = Client::try_default()
+        .await
+        .map_err(|e| FetchError::Client(KubeError(e)))?;
+    let namespace = (!args.all_namespaces).then(|| {
+        args.namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned())
+    });
+    let listed = Api::<PersistentVolume>::all(client)
+        .list(&ListParams::default().labels(&format!("{}=true", retained::LABEL)))
+        .await
+        .map_err(|e| FetchError::ListVolumes(KubeError(e)))?;
+    let mut found: Vec<volumes::RetainedVolume> = listed
+        .items
+        .iter()
+        .filter_map(volumes::RetainedVolume::of)
+        .filter(|v| namespace.as_ref().is_none_or(|ns| *ns == v.namespace))
+        .filter(|v| args.set.as_ref().is_none_or(|s| *s == v.set))
+        .collect();
+    found.sort_by(|a, b| (&a.namespace, &a.claim).cmp(&(&b.namespace, &b.claim)));
+    Ok(found)
 }
 
 /// An object's namespace and name (empty if unset).

@@ -382,21 +382,30 @@ pub fn render_table(rows: &[Row], all_namespaces: bool) -> String {
         }
         lines.push(cells);
     }
+    render_columns(&lines)
+}
 
-    let columns = lines[0].len();
+/// Lines of cells (the first the header) in kubectl's style: columns left-aligned and three
+/// spaces apart, no trailing spaces.
+pub fn render_columns<S: AsRef<str>>(lines: &[Vec<S>]) -> String {
+    let Some(first) = lines.first() else {
+        return String::new();
+    };
+    let columns = first.len();
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
             lines
                 .iter()
-                .map(|l| l[c].chars().count())
+                .map(|l| l[c].as_ref().chars().count())
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    for line in &lines {
+    for line in lines {
         let mut text = String::new();
         for (c, cell) in line.iter().enumerate() {
+            let cell = cell.as_ref();
             text.push_str(cell);
             if c + 1 < columns {
                 let pad = widths[c] - cell.chars().count() + 3;

@@ -6,6 +6,7 @@ use super::*;
 use crate::config::DrainConfig;
 use crate::fixtures::{SetBuilder, drain_template_json};
 use crate::plan::FailureKind;
+use crate::retain::RetainError;
 use crate::template::validate;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,6 +15,7 @@ enum Call {
     DeletePod(String, String, Option<String>),
     DeleteClaim(String, String),
     Annotate(String, Vec<(String, Option<String>)>),
+    Retain(String, String),
     Event(String),
 }
 
@@ -129,6 +131,26 @@ impl Cluster for Fake {
             return Err(err());
         }
         Ok(!self.back_in_range)
+    }
+    async fn retain_volume(
+        &self,
+        claim: &ClaimRef,
+        pod: &str,
+        _until: Timestamp,
+    ) -> Result<Retained, RetainError> {
+        self.push(Call::Retain(claim.name.clone(), pod.to_owned()), "retain")
+            .map_err(|source| RetainError::Api {
+                what: "patch",
+                volume: format!("pv-{}", claim.name),
+                source,
+            })?;
+        Ok(if self.gone_claim == Some(claim.name.as_str()) {
+            Retained::ClaimGone
+        } else {
+            Retained::Marked {
+                volume: format!("pv-{}", claim.name),
+            }
+        })
     }
     async fn pod_uid(&self, _name: &str) -> Result<Option<String>, kube::Error> {
         Ok(self.live_pod.clone())
@@ -375,6 +397,86 @@ async fn success_deletes_claims_before_the_pod() {
             Call::Event("ClaimsDeleted".to_owned()),
             Call::DeletePod("web-2".to_owned(), "p".to_owned(), None),
         ]
+    );
+}
+
+fn retain(ordinal: i32) -> Action {
+    Action::RetainVolumes {
+        ordinal,
+        claims: vec![claim(ordinal)],
+        until: "2026-11-27T00:00:00Z".parse().unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn a_retained_volume_comes_before_the_claim_delete_and_is_announced() {
+    let fake = Fake::default();
+    let actions = [
+        retain(2),
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+    ];
+    ok(run(&fake, &actions).await);
+    let calls = fake.calls();
+    assert_eq!(
+        calls[..2],
+        [
+            Call::Retain("data-web-2".to_owned(), "web-2".to_owned()),
+            Call::Event("VolumesRetained".to_owned()),
+        ]
+    );
+    assert_eq!(
+        calls[2],
+        Call::DeleteClaim("data-web-2".to_owned(), "c2".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_volume_that_cannot_be_retained_keeps_its_claim() {
+    let fake = Fake::failing("retain");
+    let actions = [
+        retain(2),
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+        delete_pod(2, DeleteWhy::Succeeded, None),
+    ];
+    let failed = run(&fake, &actions).await;
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].1.reason(), "RetainVolumeFailed");
+    assert!(
+        failed[0].1.describe().starts_with(
+            "failed to retain the volume of claim data-web-2; the claim is kept: failed to patch volume pv-data-web-2: "
+        ),
+        "{}",
+        failed[0].1.describe()
+    );
+    assert_eq!(
+        fake.calls(),
+        vec![Call::Retain("data-web-2".to_owned(), "web-2".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_claim_gone_before_its_volume_is_retained_stops_the_ordinal() {
+    let fake = Fake {
+        gone_claim: Some("data-web-2"),
+        ..Fake::default()
+    };
+    let actions = [
+        retain(2),
+        Action::DeleteClaims {
+            ordinal: 2,
+            claims: vec![claim(2)],
+        },
+    ];
+    ok(run(&fake, &actions).await);
+    assert_eq!(
+        fake.calls(),
+        vec![Call::Retain("data-web-2".to_owned(), "web-2".to_owned())]
     );
 }
 

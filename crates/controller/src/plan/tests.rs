@@ -845,8 +845,8 @@ enum PodChoice {
         kill_probes: bool,
         /// Its success is recorded on the ordinal's claims (`exit-code`).
         seen: bool,
-        /// The settings it was made under: (manual approval, exit-code proof).
-        made_under: Option<(bool, bool)>,
+        /// The settings it was made under: (manual approval, exit-code proof, retain volumes).
+        made_under: Option<(bool, bool, bool)>,
     },
     Foreign,
     Unknown,
@@ -867,7 +867,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
             any::<bool>(),
             any::<bool>(),
             any::<bool>(),
-            prop::option::of((any::<bool>(), any::<bool>())),
+            prop::option::of((any::<bool>(), any::<bool>(), any::<bool>())),
         ),
     )
         .prop_map(
@@ -932,7 +932,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
         prop::option::of(1u32..4),
         any::<bool>(),
         (prop::collection::btree_set(0i32..7, 0..3), any::<bool>()),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
     )
         .prop_map(
             |(
@@ -944,7 +944,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                 max_attempts,
                 manual_approval,
                 (reserved, fallback),
-                exit_code,
+                (exit_code, retain),
             )| {
                 let mut claims = Vec::new();
                 let mut pods = Vec::new();
@@ -1025,14 +1025,16 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             };
                             d.disrupted = disrupted;
                             d.kill_probes = kill_probes;
-                            d.settings = made_under.map(|(manual, exit_code)| PodSettings {
-                                manual_approval: manual,
-                                proof: if exit_code {
-                                    SuccessProof::ExitCode
-                                } else {
-                                    SuccessProof::CompletionRecord
-                                },
-                            });
+                            d.settings =
+                                made_under.map(|(manual, exit_code, retain)| PodSettings {
+                                    manual_approval: manual,
+                                    proof: if exit_code {
+                                        SuccessProof::ExitCode
+                                    } else {
+                                        SuccessProof::CompletionRecord
+                                    },
+                                    retain_volume_for: retain.then_some(Duration::from_secs(60)),
+                                });
                             if seen {
                                 for c in &mut mine {
                                     c.record.succeeded_pod_uid = Some(p.uid.clone());
@@ -1067,6 +1069,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                     } else {
                         SuccessProof::CompletionRecord
                     },
+                    retain_volume_for: retain.then_some(Duration::from_secs(3600)),
                     ..settings()
                 };
                 let mut s = snap(replicas, claims, pods);
@@ -1154,6 +1157,40 @@ proptest! {
                 for c in claims.values() {
                     prop_assert!(s.claims.iter().any(|x| x.uid == c.uid && !x.terminating && x.ordinal == *ordinal));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn under_retention_every_claim_delete_follows_the_retention_of_exactly_its_volumes((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for (i, action) in plan.actions.iter().enumerate() {
+            let retain_of = |ordinal: &i32| {
+                let pod = s.pods.iter().find(|p| p.ordinal == *ordinal);
+                let recorded = pod.and_then(|p| match &p.kind {
+                    PodKind::Drain(d) => d.settings.and_then(|x| x.retain_volume_for),
+                    _ => None,
+                });
+                settings.retain_volume_for.max(recorded)
+            };
+            match action {
+                Action::DeleteClaims { ordinal, claims } => {
+                    let Some(retain) = retain_of(ordinal) else {
+                        continue;
+                    };
+                    let before = plan.actions[..i].iter().rev().find(|a| a.ordinal() == *ordinal);
+                    prop_assert_eq!(
+                        before,
+                        Some(&Action::RetainVolumes { ordinal: *ordinal, claims: claims.clone(), until: t(now) + retain }),
+                        "claims deleted without retaining their volumes first"
+                    );
+                }
+                Action::RetainVolumes { ordinal, claims, .. } => {
+                    prop_assert!(retain_of(ordinal).is_some(), "retained without the setting");
+                    let next = plan.actions.get(i + 1);
+                    prop_assert!(matches!(next, Some(Action::DeleteClaims { ordinal: o, claims: c }) if o == ordinal && c == claims), "retention not followed by the delete of its claims");
+                }
+                _ => {}
             }
         }
     }
@@ -2287,6 +2324,7 @@ fn a_drain_made_under_manual_approval_still_waits_after_the_set_opts_out() {
     drain_of(&mut pod).settings = Some(PodSettings {
         manual_approval: true,
         proof: SuccessProof::CompletionRecord,
+        retain_volume_for: None,
     });
     // Opted out: the set's own settings are the defaults (automatic approval).
     let opted_out = Settings {
@@ -2315,6 +2353,7 @@ fn a_drain_made_under_manual_approval_still_waits_after_the_set_opts_out() {
     drain_of(&mut pod).settings = Some(PodSettings {
         manual_approval: true,
         proof: SuccessProof::CompletionRecord,
+        retain_volume_for: None,
     });
     let plan = plan(
         &snap(2, vec![approved.clone()], vec![pod]),
@@ -2337,6 +2376,7 @@ fn a_drain_made_under_the_record_proof_still_needs_it_after_the_set_switches_to_
     drain_of(&mut pod).settings = Some(PodSettings {
         manual_approval: false,
         proof: SuccessProof::CompletionRecord,
+        retain_volume_for: None,
     });
     let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &exit_code(), t(0));
     assert_eq!(

@@ -26,7 +26,7 @@ const REASONS: [&str; 8] = [
 ];
 
 /// The settings annotations, each given a generated value.
-const SETTINGS: [&str; 8] = [
+const SETTINGS: [&str; 10] = [
     annotations::MAX_CONCURRENT,
     annotations::ON_SCALE_UP,
     annotations::INHERIT_POD_SPEC,
@@ -34,6 +34,8 @@ const SETTINGS: [&str; 8] = [
     annotations::DEADLINE_SECONDS,
     annotations::STALL_SECONDS,
     annotations::APPROVAL,
+    annotations::SUCCESS_PROOF,
+    annotations::RETAIN_VOLUME_FOR,
     annotations::STATUS,
 ];
 

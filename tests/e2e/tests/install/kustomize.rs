@@ -226,10 +226,14 @@ pub fn name(o: &Value) -> &str {
 
 /// The one object of this kind whose name starts so.
 pub fn the<'a>(objects: &'a [Value], kind_is: &str, name_starts: &str) -> Result<&'a Value> {
-    let found: Vec<&Value> = objects
-        .iter()
-        .filter(|o| kind(o) == kind_is && name(o).starts_with(name_starts))
-        .collect();
+    let of_kind = || objects.iter().filter(|o| kind(o) == kind_is);
+    // The exact name if there is one (statefulset-drain-controller, not its -volumes role).
+    let mut found: Vec<&Value> = of_kind().filter(|o| name(o) == name_starts).collect();
+    if found.is_empty() {
+        found = of_kind()
+            .filter(|o| name(o).starts_with(name_starts))
+            .collect();
+    }
     match found.as_slice() {
         [one] => Ok(one),
         _ => bail!("{} {kind_is} {name_starts}* rendered", found.len()),
@@ -311,7 +315,12 @@ pub fn check_deployment(objects: &[Value]) -> Result<Vec<String>> {
 pub fn controller_rules<'a>(objects: &'a [Value], role_kind: &str) -> Result<&'a Value> {
     let role = objects
         .iter()
-        .find(|o| kind(o) == role_kind && name(o).starts_with(NAME) && !name(o).contains("leader"))
+        .find(|o| {
+            kind(o) == role_kind
+                && name(o).starts_with(NAME)
+                && !name(o).contains("leader")
+                && !name(o).contains("volumes")
+        })
         .with_context(|| format!("no {role_kind}"))?;
     Ok(&role["rules"])
 }

@@ -113,18 +113,38 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
     );
 
     // single-namespace: --namespace, a Role and RoleBinding there with the same rules, and no
-    // cluster-scoped object but the controller's Namespace.
+    // cluster-scoped object but the controller's Namespace and the volumes' RBAC.
     let sn = &rendered["single-namespace"];
     let args = check_deployment(sn)?;
     ensure!(
         args[1..] == [format!("--namespace={SHIPPED_WATCHED}")],
         "single-namespace args {args:?}"
     );
-    let scoped = cluster_scoped(&admitted["single-namespace"]);
+    let mut scoped = cluster_scoped(&admitted["single-namespace"]);
+    scoped.sort();
     ensure!(
-        scoped == [format!("Namespace {SYSTEM_NAMESPACE}")],
+        scoped
+            == [
+                format!("ClusterRole {NAME}-volumes"),
+                format!("ClusterRoleBinding {NAME}-volumes"),
+                format!("Namespace {SYSTEM_NAMESPACE}"),
+            ],
         "cluster-scoped objects in the single-namespace install: {scoped:?}"
     );
+    // The volumes' rules: the same in every install, and never create or delete.
+    for overlay in ["single-namespace", "cluster-wide", "ha"] {
+        let role = the(
+            &rendered[overlay],
+            "ClusterRole",
+            &format!("{NAME}-volumes"),
+        )?;
+        ensure!(
+            role["rules"]
+                == json!([{"apiGroups": [""], "resources": ["persistentvolumes"],
+                           "verbs": ["get", "list", "patch"]}]),
+            "{overlay}: volumes role {role}"
+        );
+    }
     for k in ["Role", "RoleBinding"] {
         ensure!(
             the(sn, k, NAME)?["metadata"]["namespace"] == SHIPPED_WATCHED,
@@ -266,12 +286,15 @@ const CLUSTER_WIDE_ALLOWED: &[&[&str]] = &[
     &["create", "pods", "-n", "default"],
     &["delete", "persistentvolumeclaims", "-n", "default"],
     &["create", "events.events.k8s.io", "-n", "default"],
+    &["list", "persistentvolumes"],
+    &["patch", "persistentvolumes"],
 ];
 const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
     &["get", "secrets", "-n", "default"],
     &["update", "statefulsets", "-n", "default"],
     &["delete", "statefulsets", "-n", "default"],
-    &["list", "persistentvolumes"],
+    &["delete", "persistentvolumes"],
+    &["create", "persistentvolumes"],
     &["list", "namespaces"],
 ];
 
@@ -304,7 +327,7 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
     let install = Install::apply("single-namespace", Some(&watched.name)).await?;
     let started = Instant::now();
     // Its service account may do what the controller needs in the watched namespace and
-    // nothing anywhere else: no cluster-scoped permission at all.
+    // nothing anywhere else: no cluster-scoped permission but reading and patching volumes.
     let (w, o) = (watched.name.as_str(), other.name.as_str());
     install.assert_permissions(
         &[
@@ -313,6 +336,7 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
             &["create", "pods", "-n", w],
             &["delete", "persistentvolumeclaims", "-n", w],
             &["create", "events.events.k8s.io", "-n", w],
+            &["patch", "persistentvolumes"],
         ],
         &[
             &["list", "statefulsets", "--all-namespaces"],
@@ -321,7 +345,7 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
             &["list", "statefulsets", "-n", o],
             &["create", "pods", "-n", o],
             &["delete", "persistentvolumeclaims", "-n", o],
-            &["list", "persistentvolumes"],
+            &["delete", "persistentvolumes"],
             &["list", "namespaces"],
         ],
     )?;
