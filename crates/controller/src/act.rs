@@ -53,6 +53,10 @@ pub struct EventSpec {
     pub reason: &'static str,
     /// Message.
     pub note: String,
+    /// The ordinal it is about, if one: Events about the set that differ only in their note
+    /// are kept apart by it (an Event recorder folds Events of the same reason on the same
+    /// object into one series, keeping only the first note).
+    pub ordinal: Option<i32>,
 }
 
 /// The outcome of a create.
@@ -384,7 +388,8 @@ async fn apply_ordinal<C: Cluster>(
         }
         match apply_one(cluster, ctx, action).await {
             Ok(outcome) => {
-                for event in events(ctx, action, &outcome) {
+                for mut event in events(ctx, action, &outcome) {
+                    event.ordinal = Some(ordinal);
                     cluster.event(&event).await;
                 }
                 if outcome.stops_ordinal() {
@@ -817,6 +822,7 @@ fn on_set(severity: Severity, reason: &'static str, note: String) -> EventSpec {
         severity,
         reason,
         note,
+        ordinal: None,
     }
 }
 
@@ -902,7 +908,10 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
             reason, message, ..
         } => ("DryRunWarn", format!("{reason}: {message}")),
     };
-    on_set(Severity::Normal, reason, note)
+    EventSpec {
+        ordinal: Some(action.ordinal()),
+        ..on_set(Severity::Normal, reason, note)
+    }
 }
 
 /// The Events that report an action's outcome (pure: the act step publishes them).
@@ -945,6 +954,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                     severity: Normal,
                     reason,
                     note,
+                    ordinal: None,
                 },
             ]
         }
@@ -979,6 +989,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
                 severity: Warning,
                 reason: event_reason,
                 note: note.clone(),
+                ordinal: None,
             }];
             if *gave_up {
                 let note = format!(

@@ -288,6 +288,7 @@ mod tests {
     #[case::proof_exit_code(annotations::SUCCESS_PROOF, " exit-code ")]
     #[case::retain_hours(annotations::RETAIN_VOLUME_FOR, "72h")]
     #[case::retain_compound(annotations::RETAIN_VOLUME_FOR, " 1h 30m ")]
+    #[case::retain_ages(annotations::RETAIN_VOLUME_FOR, "100000years")]
     fn accepts(#[case] annotation: &str, #[case] value: &str) {
         assert!(parse(&[(annotation, value)]).is_ok());
     }

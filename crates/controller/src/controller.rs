@@ -1362,6 +1362,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             event.severity,
             event.reason,
             event.note.clone(),
+            event.ordinal,
         );
     }
 }
@@ -1374,6 +1375,7 @@ fn publish(
     severity: Severity,
     reason: &str,
     note: String,
+    ordinal: Option<i32>,
 ) {
     let ev = Event {
         type_: match severity {
@@ -1382,7 +1384,8 @@ fn publish(
         },
         reason: reason.to_owned(),
         note: Some(note.chars().take(1000).collect()),
-        action: "Drain".to_owned(),
+        // Part of the recorder's key for folding Events into series (the note is not).
+        action: ordinal.map_or_else(|| "Drain".to_owned(), |o| format!("Drain-ordinal-{o}")),
         secondary: None,
     };
     let (recorder, reference) = (recorder.clone(), reference.clone());
@@ -1704,7 +1707,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             // Pods and claims named `<name>-<ordinal>` could be either set's: none is drained.
             let note = format!("a {} named {name} exists in this namespace too: their pods and claims have the same names, so neither is drained until one is renamed or deleted", twin.label());
             warn!(twin = twin.label(), "name shared with a set of the other kind; nothing is drained");
-            publish(&ctx.recorder, &set_ref, Severity::Warning, "NameClash", note);
+            publish(&ctx.recorder, &set_ref, Severity::Warning, "NameClash", note, None);
             return Ok(Requeue::requeue(Duration::from_secs(30).min(ctx.config.resync)));
         }
         let range = match obj.ordinals() {
@@ -1712,7 +1715,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
             Err(e) => {
                 // Which ordinals the set runs is unknown: nothing is planned, nothing deleted.
                 warn!(error = %e, "unreadable reserveOrdinals; nothing is drained until the set changes");
-                publish(&ctx.recorder, &set_ref, Severity::Warning, "InvalidReserveOrdinals", format!("{e}; nothing is drained or deleted until this is fixed"));
+                publish(&ctx.recorder, &set_ref, Severity::Warning, "InvalidReserveOrdinals", format!("{e}; nothing is drained or deleted until this is fixed"), None);
                 return Ok(Requeue::await_change());
             }
         };
@@ -1730,7 +1733,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         };
         for p in &problems {
             warn!(reason = p.reason, message = %p.message, "invalid drain settings; no new drain until the set changes");
-            publish(&ctx.recorder, &set_ref, Severity::Warning, p.reason, format!("{}; no new drain starts until this is fixed", p.message));
+            publish(&ctx.recorder, &set_ref, Severity::Warning, p.reason, format!("{}; no new drain starts until this is fixed", p.message), None);
         }
         let problem = (!problems.is_empty())
             .then(|| problems.iter().map(|p| p.message.as_str()).collect::<Vec<_>>().join("; "));
@@ -1806,7 +1809,7 @@ async fn reconcile<K: ServedSet>(obj: Arc<K>, ctx: Arc<Context>) -> Result<Reque
         let mut errors: BTreeMap<i32, String> = BTreeMap::new();
         for (ordinal, e) in &failed {
             error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
-            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe());
+            publish(&ctx.recorder, &set_ref, Severity::Warning, e.reason(), e.describe(), Some(*ordinal));
             errors.entry(*ordinal).or_insert_with(|| e.describe());
         }
         // Not carried out, so not counted: the failed ordinals and those refused for the namespace.
@@ -1876,7 +1879,14 @@ async fn dry_run<K: ServedSet>(
     if changed {
         for e in &events {
             info!(reason = e.reason, note = %e.note, "dry run");
-            publish(&ctx.recorder, set_ref, e.severity, e.reason, e.note.clone());
+            publish(
+                &ctx.recorder,
+                set_ref,
+                e.severity,
+                e.reason,
+                e.note.clone(),
+                e.ordinal,
+            );
         }
     }
     let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());

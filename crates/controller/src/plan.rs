@@ -1542,7 +1542,12 @@ impl<'a> Planner<'a> {
             self.act(Action::RetainVolumes {
                 ordinal: ord.ordinal,
                 claims: done.clone(),
-                until: self.now + retain,
+                // Whole seconds: people read it, and repeat it in commands.
+                until: self
+                    .now
+                    .checked_add(retain)
+                    .and_then(|t| t.round(jiff::Unit::Second))
+                    .unwrap_or(Timestamp::MAX),
             });
         }
         if !done.is_empty() {

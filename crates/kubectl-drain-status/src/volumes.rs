@@ -115,8 +115,11 @@ pub fn restore_steps(v: &RetainedVolume) -> String {
         namespace,
         claim,
         set,
+        pod,
         ..
     } = v;
+    let replicas = drain_api::names::parse_pod_name(pod, set)
+        .map_or_else(|| "<N>".to_owned(), |o| (o + 1).to_string());
     let mut spec = BTreeMap::new();
     spec.insert("volumeName", format!("\"{name}\""));
     if let Some(class) = &v.storage_class {
@@ -147,10 +150,15 @@ pub fn restore_steps(v: &RetainedVolume) -> String {
         "To restore volume {name} as claim {claim} in namespace {namespace}:\n\
          \x20 # 1. Bind the volume to that claim name only (nothing else can take it):\n\
          \x20 kubectl patch pv {name} --type merge -p '{{\"spec\": {{\"claimRef\": {{\"namespace\": \"{namespace}\", \"name\": \"{claim}\", \"uid\": null, \"resourceVersion\": null}}}}}}'\n\
-         \x20 # 2. Create the claim on it (first delete a claim {claim} made since, if it holds nothing you need):\n\
-         \x20 kubectl create -n {namespace} -f - <<< '{{\"apiVersion\": \"v1\", \"kind\": \"PersistentVolumeClaim\", \"metadata\": {{\"name\": \"{claim}\"}}, \"spec\": {{{spec}}}}}'\n\
-         \x20 # 3. Scale statefulset {set} up to bring its pod back onto the claim. Once bound, the\n\
-         \x20 #    controller puts the volume's original reclaim policy back: an ordinary claim again.\n"
+         \x20 # 2. Create the claim on it and, at once, scale statefulset {set} up to bring its pod\n\
+         \x20 #    back onto it (a claim left without its pod is drained again; with\n\
+         \x20 #    drain-on-scale-up: cancel, the default, a drain started in between is cancelled).\n\
+         \x20 #    With spec.ordinals.start S, use S fewer replicas. First delete a claim {claim}\n\
+         \x20 #    made since, if it holds nothing you need.\n\
+         \x20 kubectl create -n {namespace} -f - <<< '{{\"apiVersion\": \"v1\", \"kind\": \"PersistentVolumeClaim\", \"metadata\": {{\"name\": \"{claim}\"}}, \"spec\": {{{spec}}}}}' && kubectl scale -n {namespace} statefulset {set} --replicas={replicas}\n\
+         \x20 # Once the claim is bound, the controller puts the volume's original reclaim policy\n\
+         \x20 # back: an ordinary claim again. To only read the data, bind it under another claim\n\
+         \x20 # name instead (one the set does not use) and mount it in a pod of your own.\n"
     )
 }
 
@@ -218,8 +226,12 @@ mod tests {
         let json = out
             .lines()
             .find_map(|l| l.split("<<< '").nth(1))
-            .and_then(|l| l.strip_suffix('\''))
+            .and_then(|l| l.split_once("' && ").map(|(json, _)| json))
             .unwrap();
+        assert!(
+            out.contains("kubectl scale -n demo statefulset web --replicas=3"),
+            "{out}"
+        );
         let claim: serde_json::Value = serde_json::from_str(json).unwrap();
         assert_eq!(claim["metadata"]["name"], "data-web-2");
         assert_eq!(claim["spec"]["volumeName"], "pvc-1234");

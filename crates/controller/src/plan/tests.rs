@@ -2318,6 +2318,52 @@ fn a_recorded_series_or_a_pod_of_another_template_is_left_as_it_is() {
 // ---- settings a drain pod was made under, and sidecars (issue 22) -----------------------
 
 #[test]
+fn a_drain_made_under_retention_retains_its_volumes_after_the_set_opts_out() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&c]);
+    drain_of(&mut pod).settings = Some(PodSettings {
+        manual_approval: false,
+        proof: SuccessProof::CompletionRecord,
+        retain_volume_for: Some(Duration::from_secs(600)),
+    });
+    let opted_out = Settings {
+        new_drains: NewDrains::Stopped {
+            why: "the set opted out of draining".to_owned(),
+        },
+        ..settings()
+    };
+    let plan_now = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &opted_out,
+        t(0),
+    );
+    assert_eq!(
+        plan_now.actions[..2],
+        [
+            Action::RetainVolumes {
+                ordinal: 2,
+                claims: refs(&[&c]),
+                until: t(600),
+            },
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&c]),
+            },
+        ]
+    );
+    // A retention too long to add to the time retains for ever rather than panicking.
+    let ages = Settings {
+        retain_volume_for: Some(Duration::from_secs(u64::MAX / 4)),
+        ..settings()
+    };
+    let plan_ages = plan(&snap(2, vec![c.clone()], vec![pod]), &ages, t(0));
+    assert!(matches!(
+        plan_ages.actions[0],
+        Action::RetainVolumes { until, .. } if until == Timestamp::MAX
+    ));
+}
+
+#[test]
 fn a_drain_made_under_manual_approval_still_waits_after_the_set_opts_out() {
     let c = with_record(claim("data", 2), running_record(2));
     let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&c]);
