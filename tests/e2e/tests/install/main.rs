@@ -204,7 +204,8 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
     let mine_ha = scratch.0.join("watching-ha");
     with_leader_election(&mine_ha, &mine)?;
     let objects = render(&mine_ha)?;
-    let scoped = cluster_scoped(&validate(&mine_ha)?);
+    let mut scoped = cluster_scoped(&validate(&mine_ha)?);
+    scoped.sort();
     let args = check_deployment(&objects)?;
     ensure!(
         args[1..]
@@ -215,7 +216,12 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
         "{args:?}"
     );
     ensure!(
-        scoped == [format!("Namespace {SYSTEM_NAMESPACE}")],
+        scoped
+            == [
+                format!("ClusterRole {NAME}-volumes"),
+                format!("ClusterRoleBinding {NAME}-volumes"),
+                format!("Namespace {SYSTEM_NAMESPACE}"),
+            ],
         "cluster-scoped objects in the single-namespace install with leader election: {scoped:?}"
     );
     Ok(())
