@@ -270,7 +270,7 @@ impl Election {
             .with_grace(config.grace_seconds())
             .with_field_manager(format!(
                 "{}-lease/{}",
-                crate::controller::FIELD_MANAGER,
+                crate::identity::FIELD_MANAGER,
                 config.identity
             ))
             .build()

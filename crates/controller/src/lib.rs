@@ -14,6 +14,7 @@ pub mod config;
 pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
+pub mod identity;
 pub mod leader;
 pub mod meta_cache;
 pub mod metrics;

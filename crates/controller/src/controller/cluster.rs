@@ -1,0 +1,434 @@
+//! The real implementation of the act seam ([`Cluster`]) for one set: API calls with UID and
+//! resourceVersion preconditions, our writes remembered until their watches deliver them, Events
+//! and the status annotation's patch.
+
+use super::*;
+
+/// The real cluster seam: one namespace, events on one set of kind `K`.
+pub(super) struct KubeCluster<'a, K> {
+    pub(super) sets: Api<K>,
+    /// The sets of the other kind, when that kind is served: one of the same name blocks
+    /// every drain (their pods and claims share names).
+    pub(super) twin: Option<Twin>,
+    pub(super) pods: Api<Pod>,
+    pub(super) claims: Api<PersistentVolumeClaim>,
+    pub(super) recorder: &'a Recorder,
+    /// Where our writes of drain pods and claims are kept until their watches deliver them.
+    pub(super) recent: &'a Recents,
+    pub(super) set: ObjectReference,
+    pub(super) metrics: &'a Metrics,
+    pub(super) leadership: &'a Leadership,
+    /// The live reads that confirm a drain pod's create (the set; whether a set of the other
+    /// kind has its name), made once per act phase, alongside the first create or before it: a
+    /// scale-down by several ordinals creates their drain pods at once, and one read serves them
+    /// all (a failed read is not kept).
+    pub(super) live: tokio::sync::OnceCell<(Option<K>, bool)>,
+    /// The sets whose last live read did not confirm a drain pod ([`Context`]'s).
+    pub(super) unconfirmed: &'a Mutex<std::collections::HashSet<SetId>>,
+    /// Drain pods whose withdrawal failed ([`Context`]'s).
+    pub(super) withdrawing: &'a Mutex<HashMap<SetId, BTreeMap<String, String>>>,
+    /// Pods by hand holding a name ([`Context`]'s).
+    pub(super) taken: &'a Taken,
+    /// The volumes, for retention (cluster-scoped).
+    pub(super) volumes: Api<PersistentVolume>,
+    /// Wakes the sweep of retained volumes ([`Context`]'s).
+    pub(super) retained: &'a tokio::sync::Notify,
+    /// This set's key in all three.
+    pub(super) id: SetId,
+}
+
+pub(super) fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        // 404: gone already; 409: the UID precondition failed, so the object we meant is gone.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        other => other,
+    }
+}
+
+/// Whether a failed write means the object we meant is gone or replaced: 404, 409 (UID
+/// precondition), or 422 rejecting the `metadata.uid` sent in a patch (immutable field: the
+/// object under that name has another UID). Any other 422 stays an error.
+pub(super) fn gone_or_replaced(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else {
+        return false;
+    };
+    match s.code {
+        404 | 409 => true,
+        422 => uid_rejected(s),
+        _ => false,
+    }
+}
+
+/// Whether an Invalid (422) status is about `metadata.uid`: by its causes, or by its message
+/// when it has none ("... is invalid: metadata.uid: Invalid value: ...: field is immutable").
+pub(super) fn uid_rejected(s: &kube::core::Status) -> bool {
+    s.details
+        .iter()
+        .flat_map(|d| &d.causes)
+        .any(|c| c.field == "metadata.uid")
+        || s.message.contains("metadata.uid")
+}
+
+pub(super) fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: resource_version.map(str::to_owned),
+        }),
+        ..DeleteParams::background()
+    }
+}
+
+/// Deletes the pod `name` if it still has this UID (and resourceVersion, when given), and notes
+/// a delete the API server accepted in `recent` ([`recent::Deleted`]).
+pub(super) async fn delete_pod(
+    pods: &Api<Pod>,
+    metrics: &Metrics,
+    recent: &Recents,
+    name: &str,
+    uid: &str,
+    resource_version: Option<&str>,
+) -> Result<Deleted, kube::Error> {
+    let result = pods
+        .delete(name, &preconditioned(uid, resource_version))
+        .await;
+    metrics.request("delete", "pods", &result);
+    match result {
+        Ok(_) => {
+            recent.deleted_pods.deleted(uid);
+            Ok(Deleted::Deleted)
+        }
+        Err(kube::Error::Api(s))
+            if s.code == 409
+                && resource_version.is_some()
+                && s.message.contains("ResourceVersion") =>
+        {
+            Ok(Deleted::Changed)
+        }
+        Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+impl<K: ServedSet> KubeCluster<'_, K> {
+    /// [`Cluster::still_orphaned`], without noting whether it confirmed.
+    pub(super) async fn read_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
+        let name = self.set.name.clone().unwrap_or_default();
+        let (set, twin) = self
+            .live
+            .get_or_try_init(|| async {
+                // Both reads at once, alongside (or before) the drain pod's create.
+                let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
+                    match &self.twin {
+                        Some(twin) => twin.exists(&name, self.metrics).await,
+                        None => Ok(false),
+                    }
+                });
+                self.metrics.request("get", "statefulsets", &result);
+                Ok::<_, kube::Error>((result?, twin?))
+            })
+            .await?;
+        let Some(set) = set else {
+            return Ok(false);
+        };
+        if set.meta().uid != self.set.uid || set.meta().deletion_timestamp.is_some() {
+            return Ok(false);
+        }
+        // Membership that cannot be read is never taken for a scale-down.
+        if wants(set, ordinal) {
+            return Ok(false);
+        }
+        Ok(!twin)
+    }
+}
+
+impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
+    fn may_act(&self) -> bool {
+        self.leadership.is_leading()
+    }
+
+    fn confirm_first(&self) -> bool {
+        self.unconfirmed.lock().expect("lock").contains(&self.id)
+    }
+
+    async fn name_taken(&self, ordinal: i32, name: &str) {
+        let result = self.pods.get_opt(name).await;
+        self.metrics.request("get", "pods", &result);
+        let pod = match result {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            Err(e) => {
+                debug!(pod = name, error = %e, "could not read the pod holding the drain pod's name");
+                return;
+            }
+        };
+        let set = self.set.name.as_deref().unwrap_or_default();
+        let labels = pod.metadata.labels.as_ref();
+        // The set's own pod or a drain pod: the caches see those and the planner judges them.
+        let stateful = labels.is_some_and(|l| l.contains_key(labels::STATEFUL_POD_NAME));
+        if stateful || observe::labelled_drain_pod_of(&pod.metadata, set) {
+            return;
+        }
+        let Some(uid) = pod.metadata.uid else {
+            return;
+        };
+        warn!(pod = name, %uid, "a pod made neither by the set nor by this controller holds the drain pod's name; the ordinal is blocked until it goes");
+        self.taken
+            .lock()
+            .expect("lock")
+            .entry(self.id.clone())
+            .or_default()
+            .insert(ordinal, uid);
+    }
+
+    fn withdraw_later(&self, name: &str, uid: &str) {
+        self.withdrawing
+            .lock()
+            .expect("lock")
+            .entry(self.id.clone())
+            .or_default()
+            .insert(uid.to_owned(), name.to_owned());
+    }
+
+    async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let result = self.pods.create(&pp, pod).await;
+        self.metrics.request("create", "pods", &result);
+        match result {
+            Ok(mut p) => {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                slim_drain_pod(&mut p);
+                let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+                let version = p.metadata.resource_version.clone();
+                self.recent.pods.wrote(&ns, &name, version.as_deref(), p);
+                Ok(Created::Uid(uid))
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::AlreadyExists),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete_pod(
+        &self,
+        name: &str,
+        uid: &str,
+        resource_version: Option<&str>,
+    ) -> Result<Deleted, kube::Error> {
+        delete_pod(
+            &self.pods,
+            self.metrics,
+            self.recent,
+            name,
+            uid,
+            resource_version,
+        )
+        .await
+    }
+
+    async fn retain_volume(
+        &self,
+        claim: &ClaimRef,
+        pod: &str,
+        until: Timestamp,
+    ) -> Result<Retained, RetainError> {
+        let result = self.claims.get_opt(&claim.name).await;
+        self.metrics
+            .request("get", "persistentvolumeclaims", &result);
+        let live = match result {
+            Ok(Some(c)) if c.metadata.uid.as_deref() == Some(claim.uid.as_str()) => c,
+            Ok(_) => return Ok(Retained::ClaimGone),
+            Err(source) => {
+                return Err(RetainError::Claim {
+                    claim: claim.name.clone(),
+                    source,
+                });
+            }
+        };
+        let Some(volume) = live
+            .spec
+            .and_then(|s| s.volume_name)
+            .filter(|v| !v.is_empty())
+        else {
+            return Ok(Retained::NoVolume);
+        };
+        let api_error = |what, source| RetainError::Api {
+            what,
+            volume: volume.clone(),
+            source,
+        };
+        let result = self.volumes.get_opt(&volume).await;
+        self.metrics.request("get", "persistentvolumes", &result);
+        let Some(pv) = result.map_err(|e| api_error("read", e))? else {
+            return Ok(Retained::NoVolume);
+        };
+        let namespace = self.set.namespace.as_deref().unwrap_or_default();
+        let retention = retain::Retention {
+            namespace,
+            set: self.set.name.as_deref().unwrap_or_default(),
+            pod,
+            claim: &claim.name,
+            claim_uid: &claim.uid,
+            until,
+        };
+        match retain::mark(&pv, &retention)? {
+            retain::Marking::Patch(patch) => {
+                let pp = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                };
+                let result = self.volumes.patch(&volume, &pp, &Patch::Merge(patch)).await;
+                self.metrics.request("patch", "persistentvolumes", &result);
+                result.map_err(|e| api_error("patch", e))?;
+                self.retained.notify_one();
+                Ok(Retained::Marked { volume })
+            }
+            retain::Marking::Already => Ok(Retained::Marked { volume }),
+            retain::Marking::KeptByOwner => Ok(Retained::KeptByOwner { volume }),
+        }
+    }
+
+    async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
+        let result = self.claims.delete(name, &preconditioned(uid, None)).await;
+        self.metrics
+            .request("delete", "persistentvolumeclaims", &result);
+        ok_if_gone(result.map(|_| ()))
+    }
+
+    async fn annotate_claim(
+        &self,
+        name: &str,
+        uid: &str,
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> Result<Patched, kube::Error> {
+        // The UID in the patch is a precondition: a claim recreated under the name is left alone.
+        let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let result = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
+        self.metrics
+            .request("patch", "persistentvolumeclaims", &result);
+        match result {
+            Ok(patched) => {
+                let m = &patched.metadata;
+                self.recent.claims.wrote(
+                    m.namespace.as_deref().unwrap_or_default(),
+                    name,
+                    m.resource_version.as_deref(),
+                    ClaimEntry::of(m),
+                );
+                Ok(Patched::Done)
+            }
+            Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
+        let answer = self.read_orphaned(ordinal).await;
+        let mut unconfirmed = self.unconfirmed.lock().expect("lock");
+        if matches!(answer, Ok(true)) {
+            unconfirmed.remove(&self.id);
+        } else {
+            unconfirmed.insert(self.id.clone());
+        }
+        answer
+    }
+
+    async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
+        let result = self.pods.get_opt(name).await;
+        self.metrics.request("get", "pods", &result);
+        Ok(result?.and_then(|p| p.metadata.uid))
+    }
+
+    async fn event(&self, event: &EventSpec) {
+        let reference = match &event.subject {
+            Subject::Set => self.set.clone(),
+            Subject::Pod { name, uid } => ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(name.clone()),
+                namespace: self.set.namespace.clone(),
+                uid: Some(uid.clone()),
+                ..ObjectReference::default()
+            },
+        };
+        publish(
+            self.recorder,
+            &reference,
+            event.severity,
+            event.reason,
+            event.note.clone(),
+            event.ordinal,
+        );
+    }
+}
+
+/// Publishes an Event in the background: reporting never delays the drain actions of the
+/// reconcile (each Event is one or two API calls); a failure is only logged.
+pub(super) fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    severity: Severity,
+    reason: &str,
+    note: String,
+    ordinal: Option<i32>,
+) {
+    let ev = Event {
+        type_: match severity {
+            Severity::Normal => EventType::Normal,
+            Severity::Warning => EventType::Warning,
+        },
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        // Part of the recorder's key for folding Events into series (the note is not).
+        action: ordinal.map_or_else(|| "Drain".to_owned(), |o| format!("Drain-ordinal-{o}")),
+        secondary: None,
+    };
+    let (recorder, reference) = (recorder.clone(), reference.clone());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason = %ev.reason, "failed to publish event");
+        }
+    });
+}
+
+/// Patches the status annotation of a set (`None`: removes it), with the set's UID as a
+/// precondition: `Ok(None)` when the set is gone or was replaced.
+pub(super) fn status_patcher(client: Client, metrics: Arc<Metrics>) -> Patcher {
+    Arc::new(move |target: Target, status: Option<String>| {
+        let (client, metrics) = (client.clone(), Arc::clone(&metrics));
+        Box::pin(async move {
+            let patch = Patch::Merge(json!({"metadata": {
+                "uid": target.uid,
+                "annotations": {annotations::STATUS: status},
+            }}));
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PatchParams::default()
+            };
+            let result = match target.kind {
+                SetKind::StatefulSet => Api::<StatefulSet>::namespaced(client, &target.namespace)
+                    .patch(&target.name, &pp, &patch)
+                    .await
+                    .map(|s| s.to_statefulset()),
+                SetKind::Advanced => {
+                    Api::<AdvancedStatefulSet>::namespaced(client, &target.namespace)
+                        .patch(&target.name, &pp, &patch)
+                        .await
+                        .map(|s| s.to_statefulset())
+                }
+            };
+            metrics.request("patch", "statefulsets", &result);
+            match result {
+                Ok(patched) => Ok(Some(patched)),
+                Err(e) if gone_or_replaced(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    })
+}
