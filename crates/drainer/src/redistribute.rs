@@ -25,6 +25,7 @@
 //! a drain does not overload the remaining pods. Progress is logged and, in a drain pod,
 //! published on the pod ([`PodAnnotator`]).
 
+pub mod claimed;
 mod progress;
 pub(crate) mod rate;
 pub mod records;
@@ -307,7 +308,7 @@ pub async fn redistribute<P: PeerSource>(
 ) -> Result<Summary, RedistributeError> {
     let dir = options.data_dir.as_path();
     let mounted = check_data_dir(dir, options.allow_unmounted)?;
-    let recovered = crate::rebalance::recover_claims(dir).await?;
+    let recovered = claimed::recover_claims(dir).await?;
     if recovered > 0 {
         tracing::info!(
             recovered,

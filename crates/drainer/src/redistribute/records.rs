@@ -24,6 +24,10 @@ use std::path::{Path, PathBuf};
 
 use super::RedistributeError;
 
+/// Prefix of a record file claimed for a move by an interrupted rebalance pass
+/// ([`claimed`](super::claimed)).
+pub const CLAIM_PREFIX: &str = ".rebalance-";
+
 /// The entries of a data directory, each in one list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Listing {
@@ -54,7 +58,7 @@ impl std::fmt::Display for Foreign {
 pub fn is_own_file(name: &str) -> bool {
     name.starts_with(drain_api::record::TEMP_PREFIX)
         || name.starts_with(drain_api::record::CLOCK_FILE)
-        || name.starts_with(crate::rebalance::CLAIM_PREFIX)
+        || name.starts_with(CLAIM_PREFIX)
 }
 
 /// Whether `name` matches one of `patterns`: an exact name, or a prefix ending with `*`.
