@@ -95,7 +95,7 @@ const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/servicea
 
 impl Args {
     /// The leader-election settings, when `--leader-elect` is on.
-    pub fn election(&self) -> Result<Option<crate::leader::ElectionConfig>, ArgsError> {
+    pub fn election(&self) -> Result<Option<crate::runtime::leader::ElectionConfig>, ArgsError> {
         if !self.leader_elect {
             return Ok(None);
         }
@@ -114,7 +114,7 @@ impl Args {
                 format!("{host}_{}", std::process::id())
             }
         };
-        Ok(Some(crate::leader::ElectionConfig {
+        Ok(Some(crate::runtime::leader::ElectionConfig {
             namespace,
             lease_name: self.leader_elect_lease_name.clone(),
             identity,

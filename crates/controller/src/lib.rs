@@ -3,32 +3,24 @@
 //! once that pod succeeded.
 //!
 //! Each reconcile is observe ([`observe`]) → validate ([`validate`], from [`config`] and
-//! [`template`]) → plan ([`plan`], pure) → act ([`act`], idempotent) → report ([`status`],
-//! Events); [`controller`] wires it to the watches ([`watch`]: change filters and per-set
-//! indexes).
+//! [`template`]) → plan ([`plan`], pure) → act ([`act`], idempotent; [`retain`] for the volumes
+//! it keeps) → report ([`status`], Events); [`runtime`] runs it: the watches, the reconcile
+//! itself ([`runtime::controller`]), leader election, the admin server and metrics.
 
 pub mod act;
-pub mod admin;
 pub mod cli;
 pub mod config;
-pub mod controller;
 #[cfg(test)]
 pub mod fixtures;
 pub mod identity;
-pub mod leader;
-pub mod meta_cache;
-pub mod metrics;
 pub mod observe;
 pub mod plan;
-pub mod recent;
 pub mod retain;
+pub mod runtime;
 pub mod set_kind;
 pub mod status;
-pub mod status_memo;
-pub mod status_writer;
 pub mod template;
 pub mod validate;
-pub mod watch;
 
 pub use drain_logging::{LogError, error_chain};
 
@@ -42,29 +34,31 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = ?args.namespace, "starting statefulset-drain-controller");
     let client = kube::Client::try_default().await?;
     let election_config = args.election()?;
-    let telemetry = controller::Telemetry::default();
-    let admin = admin::AdminState {
+    let telemetry = runtime::controller::Telemetry::default();
+    let admin = runtime::admin::AdminState {
         metrics: std::sync::Arc::clone(&telemetry.metrics),
         ready: telemetry.ready.subscribe(),
     };
-    let bound = admin::serve(args.admin_address, admin).await?;
+    let bound = runtime::admin::serve(args.admin_address, admin).await?;
     tracing::info!(address = %bound, "admin server listening (/metrics, /livez, /readyz)");
     if args.dry_run {
         tracing::warn!("dry run: planning and reporting only; nothing is created or deleted");
     }
     let election = match election_config {
         Some(c) => Some(
-            leader::Election::start(client.clone(), c, telemetry.metrics.leader.clone()).await?,
+            runtime::leader::Election::start(client.clone(), c, telemetry.metrics.leader.clone())
+                .await?,
         ),
         None => {
             telemetry.metrics.leader.set(1);
             None
         }
     };
-    let leadership = election
-        .as_ref()
-        .map_or_else(leader::Leadership::always, leader::Election::leadership);
-    let config = controller::ControllerConfig {
+    let leadership = election.as_ref().map_or_else(
+        runtime::leader::Leadership::always,
+        runtime::leader::Election::leadership,
+    );
+    let config = runtime::controller::ControllerConfig {
         namespace: args.namespace,
         flags: validate::Flags {
             retry_base: args.retry_base_delay,
@@ -91,11 +85,11 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
     // On SIGTERM the controller finishes the reconciles in progress, then the Lease is released
     // so a standby takes over at once; unless reconciles had to be dropped, whose requests may
     // still be on their way: then the Lease expires as after a crash.
-    let stopped = controller::run(client, config, telemetry, shutdown).await?;
+    let stopped = runtime::controller::run(client, config, telemetry, shutdown).await?;
     if let Some(e) = election {
         match stopped {
-            controller::Stopped::Clean => e.release().await,
-            controller::Stopped::DroppedReconciles => e.abandon(),
+            runtime::controller::Stopped::Clean => e.release().await,
+            runtime::controller::Stopped::DroppedReconciles => e.abandon(),
         }
     }
     Ok(())

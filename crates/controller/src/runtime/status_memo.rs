@@ -5,7 +5,7 @@
 //! the watch cache. Right after a status patch the cache can still hold the set from before it,
 //! and a reconcile that starts then would plan from the older status and write it back, losing
 //! what the patch recorded (seen in CI: an ordinal's `done` entry vanished). The status is also
-//! written in the background ([`crate::status_writer`]), so the next reconcile may start before
+//! written in the background ([`crate::runtime::status_writer`]), so the next reconcile may start before
 //! the patch is even sent. So each wanted status is remembered here from the moment it is
 //! handed to the writer (pending: shown to every read), and then the patch's answer (shown to a
 //! cached set older than it). Resource versions are compared as integers, which Kubernetes

@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::metrics::Metrics;
+use crate::runtime::metrics::Metrics;
 
 /// What the endpoints read.
 #[derive(Clone)]

@@ -22,7 +22,7 @@ use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 
-use crate::watch::{Index, SetKey};
+use crate::runtime::watch::{Index, SetKey};
 
 /// An object whose cached entry is compact.
 pub trait Compact {

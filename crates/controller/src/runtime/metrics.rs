@@ -1,4 +1,4 @@
-//! The controller's Prometheus metrics (served on the admin port, see [`crate::admin`]).
+//! The controller's Prometheus metrics (served on the admin port, see [`crate::runtime::admin`]).
 //!
 //! Labels are bounded: `namespace` and `statefulset` only for sets that opted in, never pod or
 //! claim names; a set's series go when the set is deleted ([`Metrics::retain_sets`]). Every

@@ -15,7 +15,7 @@
 //! count, as kube's reflector applies a list only at its end), so a pod deleted right after
 //! we created it may be read as Pending for up to [`TTL`] after a relist: that holds back, never
 //! hastens, what the planner does with its ordinal. This is only a read-your-writes aid, like
-//! [`crate::status_memo`]: a restarted controller starts with none.
+//! [`crate::runtime::status_memo`]: a restarted controller starts with none.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -29,17 +29,17 @@ use crate::act::{
     self, ActCtx, ActError, Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity,
     Subject,
 };
-use crate::leader::Leadership;
-use crate::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry, version_of};
-use crate::metrics::Metrics;
 use crate::plan::ClaimRef;
-use crate::recent::{self, Recent};
 use crate::retain::{self, RetainError};
+use crate::runtime::leader::Leadership;
+use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry, version_of};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::recent::{self, Recent};
+use crate::runtime::status_writer::{Patcher, StatusWriter, Target};
+use crate::runtime::watch::{self, Filter, Index, SetKey};
 use crate::set_kind::{self, ADVANCED_API_VERSION, AdvancedStatefulSet, ServedSet, SetKind};
 use crate::status::StatusReport;
-use crate::status_writer::{Patcher, StatusWriter, Target};
 use crate::validate::{self, Flags};
-use crate::watch::{self, Filter, Index, SetKey};
 use crate::{observe, plan};
 
 mod cluster;
@@ -148,7 +148,7 @@ pub struct Context {
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
-    /// Wakes the sweep of retained volumes when one was marked ([`retain::sweep`]).
+    /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
     retained: Arc<tokio::sync::Notify>,
     /// The built-in StatefulSets' cache.
     sets: Store<StatefulSet>,
@@ -214,7 +214,7 @@ impl Context {
     }
 }
 
-/// Our recent writes (see [`crate::recent`]).
+/// Our recent writes (see [`crate::runtime::recent`]).
 #[derive(Default)]
 struct Recents {
     /// Drain pods we created.
@@ -777,7 +777,7 @@ pub async fn run(
             }
         }
     });
-    let sweeper = tokio::spawn(retain::sweep(
+    let sweeper = tokio::spawn(crate::runtime::sweep::sweep(
         ctx.client.clone(),
         ctx.config.leadership.clone(),
         ctx.config.namespace.clone(),

@@ -117,7 +117,7 @@ pub(super) fn observe_set(
 ) -> plan::Snapshot {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
-    // Each read is at least as new as our own last write of the object (`crate::recent`).
+    // Each read is at least as new as our own last write of the object (`crate::runtime::recent`).
     let claims: Vec<_> = ctx
         .claim_index
         .names(&ns, &name)
@@ -399,7 +399,7 @@ pub(super) async fn reconcile<K: ServedSet>(
             return Err(Error::Act { count: errors.len(), first });
         }
         ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
-        ctx.metrics.reconciles.get_or_create(&crate::metrics::ResultLabels { result: "ok".into() }).inc();
+        ctx.metrics.reconciles.get_or_create(&crate::runtime::metrics::ResultLabels { result: "ok".into() }).inc();
         ctx.forget_if_gone(kind, &ns, &name);
         if !terminating.is_empty() {
             return Ok(Requeue::await_change());
@@ -487,13 +487,13 @@ pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Cont
     ctx.forget_if_gone(K::KIND, &ns, &name);
     ctx.metrics
         .reconciles
-        .get_or_create(&crate::metrics::ResultLabels {
+        .get_or_create(&crate::runtime::metrics::ResultLabels {
             result: "error".into(),
         })
         .inc();
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ReasonLabels {
+        .get_or_create(&crate::runtime::metrics::ReasonLabels {
             reason: err.reason().to_owned(),
         })
         .inc();

@@ -20,11 +20,11 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use tracing::{debug, warn};
 
-use crate::leader::Leadership;
-use crate::metrics::{Metrics, ReasonLabels};
 use crate::plan;
+use crate::runtime::leader::Leadership;
+use crate::runtime::metrics::{Metrics, ReasonLabels};
+use crate::runtime::status_memo::StatusMemo;
 use crate::set_kind::SetKind;
-use crate::status_memo::StatusMemo;
 
 /// The set a status is written on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -2,7 +2,7 @@
 //! fingerprints.
 
 use super::*;
-use crate::meta_cache::Compact;
+use crate::runtime::meta_cache::Compact;
 use drain_api::claim_annotations;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -1,0 +1,16 @@
+//! The runtime: everything that runs the pipeline rather than decides it. The kube-runtime
+//! wiring and the per-set reconcile ([`controller`]), the watches' change filters and indexes
+//! ([`watch`], [`meta_cache`]), our recent writes ([`recent`]), the status writer and its memo
+//! ([`status_writer`], [`status_memo`]), leader election ([`leader`]), the admin server and
+//! metrics ([`admin`], [`metrics`]), and the sweep of retained volumes ([`sweep`]).
+
+pub mod admin;
+pub mod controller;
+pub mod leader;
+pub mod meta_cache;
+pub mod metrics;
+pub mod recent;
+pub mod status_memo;
+pub mod status_writer;
+pub mod sweep;
+pub mod watch;

@@ -1,0 +1,103 @@
+//! The leader's sweep of retained volumes ([`crate::retain`]): a pass at start, at the earliest
+//! end of a retention, when woken (a volume was marked), and every [`SWEEP_EVERY`]; each pass
+//! releases the volumes whose retention is over or that were restored.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drain_api::retained;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::retain::{SweepStep, sweep_step};
+use crate::runtime::leader::Leadership;
+
+/// Longest the sweep sleeps without being woken (a retention written by another replica, a
+/// restore done by hand, a missed wake-up are seen within this).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+/// Wait after a failed sweep.
+const SWEEP_RETRY: Duration = Duration::from_secs(30);
+
+/// One pass: releases the volumes whose retention is over; returns the earliest end of the
+/// others.
+async fn sweep_once(
+    api: &Api<PersistentVolume>,
+    namespace: Option<&str>,
+    field_manager: &str,
+) -> Result<Option<Timestamp>, kube::Error> {
+    let listed = api
+        .list(&ListParams::default().labels(&format!("{}=true", retained::LABEL)))
+        .await?;
+    let now = Timestamp::now();
+    let pp = PatchParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..PatchParams::default()
+    };
+    let mut next: Option<Timestamp> = None;
+    for pv in &listed.items {
+        let name = pv.metadata.name.as_deref().unwrap_or_default();
+        match sweep_step(pv, now, namespace) {
+            SweepStep::Skip => {}
+            SweepStep::Wait(until) => next = Some(next.map_or(until, |n| n.min(until))),
+            SweepStep::Release { patch, why } => {
+                match api.patch(name, &pp, &Patch::Merge(patch)).await {
+                    Ok(_) => info!(volume = name, why, "retained volume released"),
+                    // Changed meanwhile: read again at the next pass, soon.
+                    Err(e) => {
+                        warn!(volume = name, error = %e, "failed to release a retained volume");
+                        let soon = now + SWEEP_RETRY;
+                        next = Some(next.map_or(soon, |n| n.min(soon)));
+                    }
+                }
+            }
+        }
+    }
+    Ok(next)
+}
+
+/// Sweeps for ever (see the module); only while this replica leads.
+pub async fn sweep(
+    client: Client,
+    leadership: Leadership,
+    namespace: Option<String>,
+    wake: Arc<Notify>,
+    field_manager: &'static str,
+) {
+    let api: Api<PersistentVolume> = Api::all(client);
+    let mut denied_reported = false;
+    loop {
+        let mut wait = SWEEP_EVERY;
+        if leadership.is_leading() {
+            match sweep_once(&api, namespace.as_deref(), field_manager).await {
+                Ok(next) => {
+                    denied_reported = false;
+                    if let Some(next) = next {
+                        let left = next.duration_since(Timestamp::now());
+                        let left = Duration::try_from(left).unwrap_or_default();
+                        wait = wait.min(left).max(Duration::from_secs(1));
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    // Only sets that retain volumes need this right.
+                    if !denied_reported {
+                        warn!(error = %s.message, "cannot list PersistentVolumes: retained volumes are not released (grant get, list and patch on persistentvolumes)");
+                        denied_reported = true;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "failed to list retained volumes");
+                    wait = SWEEP_RETRY;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
