@@ -1374,7 +1374,7 @@ impl<'a> Planner<'a> {
         let note = format!(
             "containers {} still run after another exited 0 without proof it finished, so drain \
              pod {} does not end (an injected proxy or log shipper?): have the drain write its \
-             completion record, or keep such sidecars out of drain pods (README: Sidecars)",
+             completion record, or keep such sidecars out of drain pods (docs/annotations.md: Sidecars)",
             drain.lingering.join(", "),
             pod.name
         );

@@ -112,7 +112,7 @@ pub struct Install {
 
 impl Install {
     /// `kubectl apply -k` of the overlay, relocated into a namespace of its own, and for
-    /// single-namespace watching `watched` (the README's overlay).
+    /// single-namespace watching `watched` (the overlay docs/install.md shows).
     pub async fn apply(overlay: &'static str, watched: Option<&str>) -> Result<Self> {
         let lock = ONE_INSTALL_AT_A_TIME.lock().await;
         let client = admin_client().await?;

@@ -181,7 +181,7 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
     let pdb = the(ha, "PodDisruptionBudget", NAME)?;
     ensure!(pdb["spec"]["minAvailable"] == 1, "pdb {pdb}");
 
-    // The README's overlays of one's own render and are admitted too: single-namespace watching
+    // The overlays of one's own that docs/install.md shows render and are admitted too: single-namespace watching
     // another namespace, and the same with leader election (still nothing cluster-scoped).
     let scratch = Scratch::new("install-dry-run")?;
     let watched = TestNamespace::new(&client, "install-dry").await?;
