@@ -145,6 +145,40 @@ mod tests {
         Args::command().debug_assert();
     }
 
+    /// Every flag is documented in docs/ (the operations page, or the install page for leader
+    /// election), and the flags the operations page lists exist: a flag added, renamed or
+    /// removed fails here until the docs say so.
+    #[test]
+    fn the_docs_name_every_flag_and_only_real_ones() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        let read = |page: &str| std::fs::read_to_string(dir.join(page)).expect(page);
+        let (operations, install) = (read("operations.md"), read("install.md"));
+        let command = Args::command();
+        let flags: Vec<String> = command
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| !matches!(*l, "help" | "version"))
+            .map(|l| format!("--{l}"))
+            .collect();
+        for flag in &flags {
+            assert!(
+                operations.contains(&format!("`{flag}`")) || install.contains(&format!("`{flag}`")),
+                "{flag} is not documented in docs/operations.md or docs/install.md"
+            );
+        }
+        let listed = operations
+            .split("- **Flags**")
+            .nth(1)
+            .and_then(|rest| rest.split("\n- **").next())
+            .expect("the Flags item of docs/operations.md");
+        for word in listed.split('`').skip(1).step_by(2) {
+            if let Some(flag) = word.strip_prefix("--") {
+                let flag = format!("--{}", flag.split_whitespace().next().unwrap_or(flag));
+                assert!(flags.contains(&flag), "docs list {flag}, which the binary lacks");
+            }
+        }
+    }
+
     #[test]
     fn durations_parse() {
         let a = Args::parse_from([

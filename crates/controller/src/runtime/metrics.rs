@@ -445,6 +445,41 @@ mod tests {
         }
     }
 
+    /// The metrics reference in docs/operations.md and the registry name the same families:
+    /// a metric added, renamed or removed in the code fails here until the reference says so.
+    #[test]
+    fn the_metrics_reference_names_every_family_and_only_those() {
+        let docs = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+        )
+        .expect("docs/operations.md");
+        let documented: std::collections::BTreeSet<String> = docs
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `statefulset_drain_"))
+            .filter_map(|l| l.split('`').next())
+            .map(|name| format!("statefulset_drain_{name}"))
+            .collect();
+        // Every family renders its TYPE line even without a sample.
+        let served: std::collections::BTreeSet<String> = Metrics::default()
+            .render()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| {
+                let (name, kind) = l.split_once(' ')?;
+                // Counters are served with `_total`, as the reference names them.
+                Some(if kind == "counter" {
+                    format!("{name}_total")
+                } else {
+                    name.to_owned()
+                })
+            })
+            .collect();
+        assert_eq!(
+            documented, served,
+            "the metrics reference (docs/operations.md) and the registry differ"
+        );
+    }
+
     /// A set of one replica, `set`, whose claims of `ordinals` are orphaned.
     fn orphaned(set: &str, ordinals: &[i32]) -> Snapshot {
         let claim = |o: i32| crate::plan::Claim {
