@@ -83,9 +83,13 @@ pub async fn sweep(
                     }
                 }
                 Err(kube::Error::Api(s)) if s.code == 403 => {
-                    // Only sets that retain volumes need this right.
+                    // Only sets that retain volumes need this right (an install without the
+                    // retained-volumes RBAC): said once, and not as a failure, since those sets'
+                    // own attempts fail with a Warning and keep their claims.
                     if !denied_reported {
-                        warn!(error = %s.message, "cannot list PersistentVolumes: retained volumes are not released (grant get, list and patch on persistentvolumes)");
+                        info!(
+                            "no right to list PersistentVolumes: retained volumes are not released, and sets with drain-retain-volume-for keep their drained claims (grant get, list and patch on persistentvolumes: artifacts/components/retained-volumes)"
+                        );
                         denied_reported = true;
                     }
                 }
