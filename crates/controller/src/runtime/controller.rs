@@ -44,10 +44,12 @@ use crate::{observe, plan};
 
 mod cluster;
 mod kinds;
+mod memory;
 mod reconcile;
 
 use cluster::*;
 use kinds::*;
+use memory::*;
 use reconcile::*;
 
 pub use crate::identity::FIELD_MANAGER;
@@ -128,23 +130,12 @@ pub struct Context {
     claim_index: Index,
     recorder: Recorder,
     config: ControllerConfig,
-    /// Failed reconciles in a row, by set ([`next_failure`]).
-    failures: Mutex<HashMap<SetId, Failures>>,
-    /// The sets whose last live read before a drain pod's create did not confirm it (it failed,
-    /// or showed the ordinal back in range): their creates wait for the read until one confirms
-    /// ([`Cluster::confirm_first`]).
-    unconfirmed: Mutex<std::collections::HashSet<SetId>>,
-    /// Drain pods whose withdrawal failed, by set: UID → name ([`Cluster::withdraw_later`]).
-    withdrawing: Mutex<HashMap<SetId, BTreeMap<String, String>>>,
-    /// Pods made neither by the set nor by us that hold an ordinal's name, by set: ordinal →
-    /// UID ([`Cluster::name_taken`]); read again at each reconcile ([`recheck_taken`]).
-    taken: Taken,
+    /// What is remembered per set between reconciles: backoff, unconfirmed creates, pending
+    /// withdrawals, names taken by hand, dry-run reports ([`memory`]).
+    memory: Memory,
     /// Writes the status in the background, and shows the status last wanted or written per set
     /// to reads from a cache that has not caught up yet.
     status: StatusWriter,
-    /// Under `--dry-run`: a fingerprint of the Events last published per set, so an unchanged
-    /// plan is not reported again.
-    dry_run_reported: Mutex<HashMap<SetId, u64>>,
     /// The metrics.
     metrics: Arc<Metrics>,
     ready: tokio::sync::watch::Receiver<bool>,
@@ -173,22 +164,13 @@ impl Context {
         }
     }
 
-    /// Forgets what is kept per set (backoff counts, the status memo, metric series) for the
-    /// sets no longer in the caches: run when a set is deleted or the sets are relisted.
+    /// Forgets what is kept per set (the set's [`memory`], the status memo, metric series) for
+    /// the sets no longer in the caches: run when a set is deleted or the sets are relisted.
     /// Without it a deleted set's gauges show its last drains for ever, and a cluster where
-    /// sets come and go piles up entries. Pending withdrawals are kept: after `kubectl delete
-    /// sts --cascade=orphan` the drain pod outlives its set, and the set recreated under the
-    /// name withdraws it at its first reconcile (by UID), where nothing else would (it is not
-    /// the new set's drain pod, and holds the name of one of its pods).
+    /// sets come and go piles up entries.
     fn forget_gone_sets(&self) {
-        let keep = |(kind, ns, name): &SetId| self.set_exists(Some(*kind), ns, name);
-        self.failures.lock().expect("lock").retain(|id, _| keep(id));
-        self.unconfirmed.lock().expect("lock").retain(|id| keep(id));
-        self.taken.lock().expect("lock").retain(|id, _| keep(id));
-        self.dry_run_reported
-            .lock()
-            .expect("lock")
-            .retain(|id, _| keep(id));
+        self.memory
+            .forget_gone(|(kind, ns, name)| self.set_exists(Some(*kind), ns, name));
         self.status
             .retain(|ns, name| self.set_exists(None, ns, name));
         self.metrics
@@ -737,12 +719,8 @@ pub async fn run(
         drain_pod_index,
         claim_index,
         config,
-        failures: Mutex::default(),
-        unconfirmed: Mutex::default(),
-        withdrawing: Mutex::default(),
-        taken: Mutex::default(),
+        memory: Memory::default(),
         status,
-        dry_run_reported: Mutex::default(),
         retained: Arc::default(),
         metrics: telemetry.metrics,
         ready,

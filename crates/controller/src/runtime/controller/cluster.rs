@@ -23,12 +23,9 @@ pub(super) struct KubeCluster<'a, K> {
     /// scale-down by several ordinals creates their drain pods at once, and one read serves them
     /// all (a failed read is not kept).
     pub(super) live: tokio::sync::OnceCell<(Option<K>, bool)>,
-    /// The sets whose last live read did not confirm a drain pod ([`Context`]'s).
-    pub(super) unconfirmed: &'a Mutex<std::collections::HashSet<SetId>>,
-    /// Drain pods whose withdrawal failed ([`Context`]'s).
-    pub(super) withdrawing: &'a Mutex<HashMap<SetId, BTreeMap<String, String>>>,
-    /// Pods by hand holding a name ([`Context`]'s).
-    pub(super) taken: &'a Taken,
+    /// What is remembered per set ([`Context`]'s): unconfirmed creates, pending withdrawals,
+    /// names taken by hand.
+    pub(super) memory: &'a Memory,
     /// The volumes, for retention (cluster-scoped).
     pub(super) volumes: Api<PersistentVolume>,
     /// Wakes the sweep of retained volumes ([`Context`]'s).
@@ -148,7 +145,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 
     fn confirm_first(&self) -> bool {
-        self.unconfirmed.lock().expect("lock").contains(&self.id)
+        self.memory.read(&self.id, |m| m.unconfirmed)
     }
 
     async fn name_taken(&self, ordinal: i32, name: &str) {
@@ -173,21 +170,14 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             return;
         };
         warn!(pod = name, %uid, "a pod made neither by the set nor by this controller holds the drain pod's name; the ordinal is blocked until it goes");
-        self.taken
-            .lock()
-            .expect("lock")
-            .entry(self.id.clone())
-            .or_default()
-            .insert(ordinal, uid);
+        self.memory
+            .update(&self.id, |m| m.taken.insert(ordinal, uid));
     }
 
     fn withdraw_later(&self, name: &str, uid: &str) {
-        self.withdrawing
-            .lock()
-            .expect("lock")
-            .entry(self.id.clone())
-            .or_default()
-            .insert(uid.to_owned(), name.to_owned());
+        self.memory.update(&self.id, |m| {
+            m.withdrawing.insert(uid.to_owned(), name.to_owned())
+        });
     }
 
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
@@ -330,12 +320,8 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
         let answer = self.read_orphaned(ordinal).await;
-        let mut unconfirmed = self.unconfirmed.lock().expect("lock");
-        if matches!(answer, Ok(true)) {
-            unconfirmed.remove(&self.id);
-        } else {
-            unconfirmed.insert(self.id.clone());
-        }
+        let confirmed = matches!(answer, Ok(true));
+        self.memory.update(&self.id, |m| m.unconfirmed = !confirmed);
         answer
     }
 

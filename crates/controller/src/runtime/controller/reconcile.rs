@@ -72,13 +72,7 @@ pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> 
 /// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
 /// are left.
 pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
-    let pending = ctx
-        .withdrawing
-        .lock()
-        .expect("lock")
-        .get(&id)
-        .cloned()
-        .unwrap_or_default();
+    let pending = ctx.memory.read(&id, |m| m.withdrawing.clone());
     if pending.is_empty() {
         return false;
     }
@@ -96,16 +90,10 @@ pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
             }
         };
         if done {
-            let mut withdrawing = ctx.withdrawing.lock().expect("lock");
-            if let Some(set) = withdrawing.get_mut(&id) {
-                set.remove(&uid);
-                if set.is_empty() {
-                    withdrawing.remove(&id);
-                }
-            }
+            ctx.memory.update(&id, |m| m.withdrawing.remove(&uid));
         }
     }
-    ctx.withdrawing.lock().expect("lock").contains_key(&id)
+    ctx.memory.read(&id, |m| !m.withdrawing.is_empty())
 }
 
 /// Reads one set's snapshot from the caches, through the per-set indexes.
@@ -155,13 +143,10 @@ pub(super) fn observe_set(
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
-    let withdrawing: std::collections::BTreeSet<String> = ctx
-        .withdrawing
-        .lock()
-        .expect("lock")
-        .get(&set_id(kind, set))
-        .map(|w| w.keys().cloned().collect())
-        .unwrap_or_default();
+    let withdrawing: std::collections::BTreeSet<String> =
+        ctx.memory.read(&set_id(kind, set), |m| {
+            m.withdrawing.keys().cloned().collect()
+        });
     mark_deleted(&mut snap.pods, |uid| {
         ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
     });
@@ -180,19 +165,16 @@ pub(super) fn observe_set(
     snap
 }
 
-/// Pods made neither by a set nor by us that hold one of its pod names, by set: ordinal → UID.
-pub(super) type Taken = Mutex<HashMap<SetId, BTreeMap<i32, String>>>;
-
 /// Reads again, live, each pod remembered as holding one of the set's names without being the
 /// set's or ours ([`Cluster::name_taken`]): while it is there (same UID), the planner sees it as
 /// [`plan::PodKind::Unknown`]; once it is gone, replaced, or a cached pod holds the ordinal, it
 /// is forgotten. Such pods are in no cache, so this read is what notices their deletion (the
 /// planner requeues blocked ordinals every [`plan::RECHECK_UNKNOWN_POD`]).
 pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut plan::Snapshot) {
-    let remembered = ctx.taken.lock().expect("lock").get(&id).cloned();
-    let Some(remembered) = remembered else {
+    let remembered = ctx.memory.read(&id, |m| m.taken.clone());
+    if remembered.is_empty() {
         return;
-    };
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let mut gone = Vec::new();
     for (ordinal, uid) in remembered {
@@ -227,13 +209,8 @@ pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut
     }
     snap.pods.sort_by_key(|p| p.ordinal);
     if !gone.is_empty() {
-        let mut taken = ctx.taken.lock().expect("lock");
-        if let Some(set) = taken.get_mut(&id) {
-            set.retain(|o, _| !gone.contains(o));
-            if set.is_empty() {
-                taken.remove(&id);
-            }
-        }
+        ctx.memory
+            .update(&id, |m| m.taken.retain(|o, _| !gone.contains(o)));
     }
 }
 
@@ -344,9 +321,7 @@ pub(super) async fn reconcile<K: ServedSet>(
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,
             live: tokio::sync::OnceCell::new(),
-            unconfirmed: &ctx.unconfirmed,
-            withdrawing: &ctx.withdrawing,
-            taken: &ctx.taken,
+            memory: &ctx.memory,
             volumes: Api::all(ctx.client.clone()),
             retained: &ctx.retained,
             id: set_id(kind, &set),
@@ -398,7 +373,7 @@ pub(super) async fn reconcile<K: ServedSet>(
         if let Some((_, first)) = failed.into_iter().next() {
             return Err(Error::Act { count: errors.len(), first });
         }
-        ctx.failures.lock().expect("failures lock").remove(&set_id(kind, &set));
+        ctx.memory.update(&set_id(kind, &set), |m| m.failures = None);
         ctx.metrics.reconciles.get_or_create(&crate::runtime::metrics::ResultLabels { result: "ok".into() }).inc();
         ctx.forget_if_gone(kind, &ns, &name);
         if !terminating.is_empty() {
@@ -410,8 +385,8 @@ pub(super) async fn reconcile<K: ServedSet>(
         }
         // A create just found a name held by a pod nobody here made: plan again at once, with
         // that pod seen, so the slot it was given goes to another ordinal.
-        let newly_taken = ctx.taken.lock().expect("lock").get(&set_id(kind, &set)).is_some_and(|t| {
-            t.keys().any(|o| !snap.pods.iter().any(|p| p.ordinal == *o && p.kind == plan::PodKind::Unknown))
+        let newly_taken = ctx.memory.read(&set_id(kind, &set), |m| {
+            m.taken.keys().any(|o| !snap.pods.iter().any(|p| p.ordinal == *o && p.kind == plan::PodKind::Unknown))
         });
         if newly_taken {
             requeue = requeue.min(Duration::from_millis(100));
@@ -445,10 +420,8 @@ pub(super) async fn dry_run<K: ServedSet>(
     );
     let key = set_id(K::KIND, set);
     let changed = ctx
-        .dry_run_reported
-        .lock()
-        .expect("dry-run lock")
-        .insert(key, fingerprint)
+        .memory
+        .update(&key, |m| m.dry_run_reported.replace(fingerprint))
         != Some(fingerprint);
     if changed {
         for e in &events {
@@ -477,13 +450,12 @@ pub(super) async fn dry_run<K: ServedSet>(
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).
 pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
     let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-    let delay = {
-        let mut failures = ctx.failures.lock().expect("failures lock");
-        let key = (K::KIND, ns.clone(), name.clone());
-        let (now, delay) = next_failure(failures.get(&key).copied(), std::time::Instant::now());
-        failures.insert(key, now);
+    let key = (K::KIND, ns.clone(), name.clone());
+    let delay = ctx.memory.update(&key, |m| {
+        let (now, delay) = next_failure(m.failures, std::time::Instant::now());
+        m.failures = Some(now);
         delay
-    };
+    });
     ctx.forget_if_gone(K::KIND, &ns, &name);
     ctx.metrics
         .reconciles

@@ -1,0 +1,129 @@
+//! What the runtime remembers about each set between its reconciles, in one place. None of it is
+//! the cluster's state (that is read again at every reconcile): only the memory of our own
+//! recent actions and their outcomes. When an entry is forgotten is written once, here: as soon
+//! as it holds nothing, and when its set is gone (but for its pending withdrawals).
+
+use super::*;
+
+/// One set's memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct SetMemory {
+    /// Failed reconciles in a row ([`next_failure`]).
+    pub(super) failures: Option<Failures>,
+    /// The last live read before a drain pod's create did not confirm it (it failed, or showed
+    /// the ordinal back in range): creates wait for the read until one confirms
+    /// ([`Cluster::confirm_first`]).
+    pub(super) unconfirmed: bool,
+    /// Drain pods whose withdrawal failed: UID → name ([`Cluster::withdraw_later`]).
+    pub(super) withdrawing: BTreeMap<String, String>,
+    /// Pods made neither by the set nor by us that hold an ordinal's name: ordinal → UID
+    /// ([`Cluster::name_taken`]); read again at each reconcile ([`recheck_taken`]).
+    pub(super) taken: BTreeMap<i32, String>,
+    /// Under `--dry-run`: a fingerprint of the Events last published, so an unchanged plan is
+    /// not reported again.
+    pub(super) dry_run_reported: Option<u64>,
+}
+
+impl SetMemory {
+    /// What is kept of a set that is gone: its pending withdrawals only. After `kubectl delete
+    /// sts --cascade=orphan` the drain pod outlives its set, and the set recreated under the name
+    /// withdraws it at its first reconcile (by UID), where nothing else would (it is not the new
+    /// set's drain pod, and holds the name of one of its pods).
+    fn after_set_gone(self) -> Self {
+        Self {
+            withdrawing: self.withdrawing,
+            ..Self::default()
+        }
+    }
+}
+
+/// Every set's memory, behind one lock (held only to read or change one entry, never across an
+/// await).
+#[derive(Debug, Default)]
+pub(super) struct Memory(Mutex<HashMap<SetId, SetMemory>>);
+
+impl Memory {
+    /// Reads a set's memory (empty if there is none).
+    pub(super) fn read<R>(&self, id: &SetId, f: impl FnOnce(&SetMemory) -> R) -> R {
+        let sets = self.0.lock().expect("memory lock");
+        match sets.get(id) {
+            Some(memory) => f(memory),
+            None => f(&SetMemory::default()),
+        }
+    }
+
+    /// Changes a set's memory; an entry left holding nothing is dropped.
+    pub(super) fn update<R>(&self, id: &SetId, f: impl FnOnce(&mut SetMemory) -> R) -> R {
+        let mut sets = self.0.lock().expect("memory lock");
+        let memory = sets.entry(id.clone()).or_default();
+        let out = f(memory);
+        if *memory == SetMemory::default() {
+            sets.remove(id);
+        }
+        out
+    }
+
+    /// Forgets the sets `exists` says are gone, keeping only their pending withdrawals.
+    pub(super) fn forget_gone(&self, exists: impl Fn(&SetId) -> bool) {
+        let mut sets = self.0.lock().expect("memory lock");
+        let gone: Vec<SetId> = sets.keys().filter(|id| !exists(id)).cloned().collect();
+        for id in gone {
+            let kept = sets.remove(&id).unwrap_or_default().after_set_gone();
+            if kept != SetMemory::default() {
+                sets.insert(id, kept);
+            }
+        }
+    }
+
+    /// How many sets have an entry.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.0.lock().expect("memory lock").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> SetId {
+        (SetKind::StatefulSet, "ns".to_owned(), name.to_owned())
+    }
+
+    #[test]
+    fn an_entry_that_holds_nothing_is_dropped() {
+        let memory = Memory::default();
+        memory.update(&id("web"), |m| m.unconfirmed = true);
+        assert_eq!(memory.len(), 1);
+        memory.update(&id("web"), |m| m.unconfirmed = false);
+        assert_eq!(memory.len(), 0);
+        // Reading creates nothing.
+        assert!(!memory.read(&id("db"), |m| m.unconfirmed));
+        assert_eq!(memory.len(), 0);
+    }
+
+    #[test]
+    fn a_gone_set_keeps_only_its_pending_withdrawals() {
+        let memory = Memory::default();
+        memory.update(&id("web"), |m| {
+            m.unconfirmed = true;
+            m.dry_run_reported = Some(7);
+            m.taken.insert(2, "uid".to_owned());
+            m.withdrawing
+                .insert("pod-uid".to_owned(), "web-2".to_owned());
+        });
+        memory.update(&id("db"), |m| m.unconfirmed = true);
+        memory.update(&id("kept"), |m| m.unconfirmed = true);
+        memory.forget_gone(|i| i.2 == "kept");
+        assert_eq!(
+            memory.read(&id("web"), Clone::clone),
+            SetMemory {
+                withdrawing: BTreeMap::from([("pod-uid".to_owned(), "web-2".to_owned())]),
+                ..SetMemory::default()
+            }
+        );
+        assert_eq!(memory.read(&id("db"), Clone::clone), SetMemory::default());
+        assert!(memory.read(&id("kept"), |m| m.unconfirmed));
+        assert_eq!(memory.len(), 2);
+    }
+}
