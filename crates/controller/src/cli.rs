@@ -174,7 +174,10 @@ mod tests {
         for word in listed.split('`').skip(1).step_by(2) {
             if let Some(flag) = word.strip_prefix("--") {
                 let flag = format!("--{}", flag.split_whitespace().next().unwrap_or(flag));
-                assert!(flags.contains(&flag), "docs list {flag}, which the binary lacks");
+                assert!(
+                    flags.contains(&flag),
+                    "docs list {flag}, which the binary lacks"
+                );
             }
         }
     }
