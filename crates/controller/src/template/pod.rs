@@ -1,0 +1,184 @@
+//! A validated drain template → the drain pod of one ordinal (cannot fail).
+
+use super::*;
+
+impl DrainTemplate {
+    /// Name of the StatefulSet.
+    pub fn set_name(&self) -> &str {
+        &self.set_name
+    }
+
+    /// Namespace of the StatefulSet and of its drain pods.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// `spec.ordinals.start` of the set (0 when unset).
+    pub fn ordinals_start(&self) -> i32 {
+        self.ordinals_start
+    }
+
+    /// Names of the set's volume claim templates, in the set's order.
+    pub fn claim_templates(&self) -> &[String] {
+        &self.claim_templates
+    }
+
+    /// Hash of the template's annotation text (see [`template_hash`]).
+    pub fn template_hash(&self) -> &str {
+        &self.template_hash
+    }
+
+    /// The restart policy of drain pods (`OnFailure` or `Never`).
+    pub fn restart_policy(&self) -> &str {
+        self.spec
+            .restart_policy
+            .as_deref()
+            .unwrap_or(DEFAULT_RESTART_POLICY)
+    }
+
+    /// Name of the drain pod (and of the stateful pod) of `ordinal`: `<set>-<ordinal>`.
+    pub fn pod_name(&self, ordinal: i32) -> String {
+        drain_api::names::pod_name(&self.set_name, ordinal)
+    }
+
+    /// Name of the claim that claim template `claim_template` gives `ordinal`:
+    /// `<claim template>-<set>-<ordinal>`.
+    pub fn claim_name(&self, claim_template: &str, ordinal: i32) -> String {
+        drain_api::names::claim_name(claim_template, &self.set_name, ordinal)
+    }
+
+    /// The labels of the drain pod of `ordinal`: the template's plus
+    /// [`labels::DRAIN_POD`] and [`labels::ORDINAL`].
+    pub fn pod_labels(&self, ordinal: i32) -> BTreeMap<String, String> {
+        drain_pod_labels(&self.labels, &self.set_name, ordinal)
+    }
+
+    /// Makes drain pods for a set of another kind than `apps/v1` StatefulSet: the `apiVersion`
+    /// of their owner reference and of [`env::STATEFULSET_API_VERSION`].
+    pub fn set_owner_api_version(&mut self, api_version: &str) {
+        api_version.clone_into(&mut self.owner_api_version);
+    }
+
+    /// Builds the drain pod of `input.ordinal`.
+    ///
+    /// It has the stateful pod's name, hostname and subdomain; one volume per claim template
+    /// bound to the ordinal's claim (replacing any template volume of that name); the drain
+    /// labels; the [`pod_annotations::CLAIMS`] annotation listing `input.claims`; a
+    /// non-controller owner reference to the set; and the drain environment variables in every
+    /// container and init container (a variable the template already defines is kept).
+    pub fn pod(&self, input: &DrainPodInput) -> Pod {
+        let ordinal = input.ordinal;
+        let name = self.pod_name(ordinal);
+        let mut spec = self.spec.clone();
+
+        spec.hostname = Some(name.clone());
+        if let Some(service_name) = &self.service_name {
+            spec.subdomain = Some(service_name.clone());
+        }
+
+        let volumes = spec.volumes.get_or_insert_with(Vec::new);
+        for claim_template in &self.claim_templates {
+            // A template whose claim is gone (deleted by hand) gets an empty directory, so the
+            // drain containers' mounts still resolve and the other claims are drained.
+            let volume = if input.claims.is_empty() || input.claims.contains_key(claim_template) {
+                Volume {
+                    name: claim_template.clone(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: self.claim_name(claim_template, ordinal),
+                        read_only: None,
+                    }),
+                    ..Volume::default()
+                }
+            } else {
+                Volume {
+                    name: claim_template.clone(),
+                    empty_dir: Some(Default::default()),
+                    ..Volume::default()
+                }
+            };
+            match volumes.iter_mut().find(|v| v.name == *claim_template) {
+                Some(existing) => *existing = volume,
+                None => volumes.push(volume),
+            }
+        }
+
+        let vars = self.env_vars(input, &name);
+        let all_containers = spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten());
+        for container in all_containers {
+            let env = container.env.get_or_insert_with(Vec::new);
+            for var in &vars {
+                match env.iter_mut().find(|existing| existing.name == var.name) {
+                    // The completion record is always ours: it names the claims the pod drains.
+                    Some(existing) if var.name == env::COMPLETION_RECORD => *existing = var.clone(),
+                    Some(_) => {}
+                    None => env.push(var.clone()),
+                }
+            }
+        }
+
+        let claims: serde_json::Map<String, Value> = input
+            .claims
+            .values()
+            .map(|(claim, uid)| (claim.clone(), Value::String(uid.clone())))
+            .collect();
+        let mut annotations = self.annotations.clone();
+        annotations.insert(
+            pod_annotations::CLAIMS.to_owned(),
+            Value::Object(claims).to_string(),
+        );
+        annotations.insert(
+            pod_annotations::TEMPLATE_HASH.to_owned(),
+            self.template_hash.clone(),
+        );
+        annotations.insert(pod_annotations::SETTINGS.to_owned(), self.settings.clone());
+
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(self.pod_labels(ordinal)),
+                annotations: Some(annotations),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: self.owner_api_version.clone(),
+                    kind: "StatefulSet".to_owned(),
+                    name: self.set_name.clone(),
+                    uid: self.set_uid.clone(),
+                    controller: None,
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+            status: None,
+        }
+    }
+
+    fn env_vars(&self, input: &DrainPodInput, pod_name: &str) -> Vec<EnvVar> {
+        [
+            (env::STATEFULSET, self.set_name.clone()),
+            (env::NAMESPACE, self.namespace.clone()),
+            (env::ORDINAL, input.ordinal.to_string()),
+            (env::REPLICAS, input.replicas.to_string()),
+            (env::ORDINALS_START, self.ordinals_start.to_string()),
+            (env::POD_NAME, pod_name.to_owned()),
+            (env::STATEFULSET_API_VERSION, self.owner_api_version.clone()),
+            (
+                env::COMPLETION_RECORD,
+                drain_api::completion::CompletionRecord::new(
+                    input.claims.values().cloned().collect(),
+                )
+                .render(),
+            ),
+        ]
+        .into_iter()
+        .map(|(name, value)| EnvVar {
+            name: name.to_owned(),
+            value: Some(value),
+            value_from: None,
+        })
+        .collect()
+    }
+}
