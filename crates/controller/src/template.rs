@@ -5,13 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use drain_api::{annotations, env, labels, pod_annotations};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{
-    EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Volume,
-};
+use drain_api::{annotations, labels, pod_annotations};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 use serde_json::Value;
 
@@ -23,9 +21,8 @@ mod pod;
 
 pub use errors::*;
 pub use parse::*;
-
-/// Restart policy of drain pods whose template sets none.
-pub const DEFAULT_RESTART_POLICY: &str = "OnFailure";
+use pod::drain_pod_labels;
+pub use pod::{DEFAULT_RESTART_POLICY, DrainPodInput, DrainTemplate};
 
 /// Whether `selector` matches `labels`, with Kubernetes label selector semantics: every
 /// `matchLabels` pair and every `matchExpressions` requirement (`In`, `NotIn`, `Exists`,
@@ -60,29 +57,6 @@ fn requirement_matches(
     }
 }
 
-/// A StatefulSet's drain template, validated against the set: building a drain pod from it
-/// cannot fail.
-///
-/// It keeps what the pods need from the set (name, namespace, UID, service name, ordinals start,
-/// claim template names) and the template's spec with the restart policy defaulted and, unless
-/// the set opted out, the set's placement and identity fields inherited.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DrainTemplate {
-    set_name: String,
-    namespace: String,
-    set_uid: String,
-    service_name: Option<String>,
-    ordinals_start: i32,
-    claim_templates: Vec<String>,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-    spec: PodSpec,
-    template_hash: String,
-    owner_api_version: String,
-    /// The [`pod_annotations::SETTINGS`] value of its pods.
-    settings: String,
-}
-
 /// A stable hash of the drain template's annotation text (FNV-1a, 64 bits, hex): what tells a
 /// changed template from the one a series of attempts started with. Stable across builds and
 /// versions, unlike `std`'s hasher.
@@ -93,19 +67,6 @@ pub fn template_hash(text: &str) -> String {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     format!("{h:016x}")
-}
-
-/// What varies between the drain pods of one set.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DrainPodInput {
-    /// The ordinal to drain.
-    pub ordinal: i32,
-    /// `spec.replicas` of the set now (given to the pod as an environment variable).
-    pub replicas: i32,
-    /// The ordinal's existing claims, by claim template name: `(claim name, claim UID)`. They
-    /// are recorded on the pod so that only exactly these claims are deleted once it succeeds;
-    /// each claim name should be [`DrainTemplate::claim_name`] of its template.
-    pub claims: BTreeMap<String, (String, String)>,
 }
 
 /// Validates a StatefulSet's drain template against the set and its drain settings.
@@ -120,26 +81,8 @@ pub fn validate(
     let set_spec = set.spec.clone().unwrap_or_default();
     let mut errors = Vec::new();
 
-    let claim_templates: Vec<String> = set_spec
-        .volume_claim_templates
-        .iter()
-        .flatten()
-        .filter_map(|claim| claim.metadata.name.clone())
-        .collect();
-    if claim_templates.is_empty() {
-        errors.push(TemplateError::NoClaimTemplates {
-            set: set_name.clone(),
-        });
-    }
-    let when_scaled = set_spec
-        .persistent_volume_claim_retention_policy
-        .as_ref()
-        .and_then(|policy| policy.when_scaled.as_deref());
-    if when_scaled == Some("Delete") {
-        errors.push(TemplateError::ClaimsDeletedOnScaleDown {
-            set: set_name.clone(),
-        });
-    }
+    let claim_templates = claim_templates(&set_spec);
+    errors.extend(set_errors(&set_name, &set_spec, &claim_templates));
 
     let text = set
         .metadata
@@ -161,82 +104,10 @@ pub fn validate(
     let metadata = template.metadata.unwrap_or_default();
     let mut spec = template.spec.unwrap_or_default();
 
-    errors.extend(
-        unsupported_metadata(&metadata).map(|field| TemplateError::UnsupportedMetadata { field }),
-    );
-    let template_labels = metadata.labels.unwrap_or_default();
-    let template_annotations = metadata.annotations.unwrap_or_default();
-    let reserved_labels = [labels::DRAIN_POD, labels::ORDINAL]
-        .into_iter()
-        .filter(|key| template_labels.contains_key(*key));
-    let reserved_annotations = [
-        pod_annotations::CLAIMS,
-        pod_annotations::TEMPLATE_HASH,
-        pod_annotations::SETTINGS,
-    ]
-    .into_iter()
-    .filter(|key| template_annotations.contains_key(*key));
-    errors.extend(reserved_labels.chain(reserved_annotations).map(|key| {
-        TemplateError::ReservedKey {
-            key: key.to_owned(),
-        }
-    }));
-
-    match spec.restart_policy.as_deref() {
-        None => spec.restart_policy = Some(DEFAULT_RESTART_POLICY.to_owned()),
-        Some("OnFailure" | "Never") => {}
-        Some("Always") => errors.push(TemplateError::RestartPolicyAlways),
-        Some(other) => errors.push(TemplateError::UnknownRestartPolicy {
-            value: other.to_owned(),
-        }),
-    }
-
-    errors.extend(
-        claim_templates
-            .iter()
-            .filter(|claim| !uses_volume(&spec, claim))
-            .map(|claim| TemplateError::ClaimNotMounted {
-                claim_template: claim.clone(),
-            }),
-    );
-
-    errors.extend(
-        spec.volumes
-            .iter()
-            .flatten()
-            .filter(|v| !claim_templates.contains(&v.name))
-            .filter_map(|v| {
-                Some(TemplateError::ForeignClaim {
-                    volume: v.name.clone(),
-                    claim: v.persistent_volume_claim.as_ref()?.claim_name.clone(),
-                })
-            }),
-    );
-    if spec
-        .ephemeral_containers
-        .as_ref()
-        .is_some_and(|c| !c.is_empty())
-    {
-        errors.push(TemplateError::EphemeralContainers);
-    }
-
-    if config.proof == SuccessProof::ExitCode {
-        for c in spec.containers.iter() {
-            let probes = [
-                ("liveness", c.liveness_probe.is_some()),
-                ("startup", c.startup_probe.is_some()),
-            ];
-            errors.extend(
-                probes
-                    .into_iter()
-                    .filter(|(_, set)| *set)
-                    .map(|(probe, _)| TemplateError::KillingProbe {
-                        container: c.name.clone(),
-                        probe,
-                    }),
-            );
-        }
-    }
+    let template_labels = metadata.labels.clone().unwrap_or_default();
+    let template_annotations = metadata.annotations.clone().unwrap_or_default();
+    errors.extend(metadata_errors(&metadata));
+    errors.extend(spec_errors(&mut spec, &claim_templates, config));
 
     let ordinals_start = set_spec
         .ordinals
@@ -305,18 +176,6 @@ fn uses_volume(spec: &PodSpec, volume: &str) -> bool {
             .any(|device| device.name == volume);
         mounted || attached
     })
-}
-
-/// The labels of a drain pod: the template's, then ours.
-fn drain_pod_labels(
-    template_labels: &BTreeMap<String, String>,
-    set_name: &str,
-    ordinal: i32,
-) -> BTreeMap<String, String> {
-    let mut labels = template_labels.clone();
-    labels.insert(labels::DRAIN_POD.to_owned(), set_name.to_owned());
-    labels.insert(labels::ORDINAL.to_owned(), ordinal.to_string());
-    labels
 }
 
 /// Whether the set's selector matches the labels of a drain pod of any ordinal.
@@ -389,6 +248,134 @@ pub fn settings_annotation(config: &DrainConfig) -> String {
         value["retainVolumeForSeconds"] = retain.as_secs().into();
     }
     value.to_string()
+}
+
+/// The names of the set's claim templates.
+fn claim_templates(set_spec: &StatefulSetSpec) -> Vec<String> {
+    set_spec
+        .volume_claim_templates
+        .iter()
+        .flatten()
+        .filter_map(|claim| claim.metadata.name.clone())
+        .collect()
+}
+
+/// What is wrong with the set itself for draining: no claims, or claims it deletes itself.
+fn set_errors(
+    set_name: &str,
+    set_spec: &StatefulSetSpec,
+    claim_templates: &[String],
+) -> Vec<TemplateError> {
+    let mut errors = Vec::new();
+    if claim_templates.is_empty() {
+        errors.push(TemplateError::NoClaimTemplates {
+            set: set_name.to_owned(),
+        });
+    }
+    let when_scaled = set_spec
+        .persistent_volume_claim_retention_policy
+        .as_ref()
+        .and_then(|policy| policy.when_scaled.as_deref());
+    if when_scaled == Some("Delete") {
+        errors.push(TemplateError::ClaimsDeletedOnScaleDown {
+            set: set_name.to_owned(),
+        });
+    }
+    errors
+}
+
+/// What is wrong with the template's metadata: fields it may not set, keys the controller
+/// writes itself.
+fn metadata_errors(metadata: &ObjectMeta) -> Vec<TemplateError> {
+    let mut errors: Vec<TemplateError> = unsupported_metadata(metadata)
+        .map(|field| TemplateError::UnsupportedMetadata { field })
+        .collect();
+    let no_map = BTreeMap::new();
+    let template_labels = metadata.labels.as_ref().unwrap_or(&no_map);
+    let template_annotations = metadata.annotations.as_ref().unwrap_or(&no_map);
+    let reserved_labels = [labels::DRAIN_POD, labels::ORDINAL]
+        .into_iter()
+        .filter(|key| template_labels.contains_key(*key));
+    let reserved_annotations = [
+        pod_annotations::CLAIMS,
+        pod_annotations::TEMPLATE_HASH,
+        pod_annotations::SETTINGS,
+    ]
+    .into_iter()
+    .filter(|key| template_annotations.contains_key(*key));
+    errors.extend(reserved_labels.chain(reserved_annotations).map(|key| {
+        TemplateError::ReservedKey {
+            key: key.to_owned(),
+        }
+    }));
+    errors
+}
+
+/// What is wrong with the template's pod spec (its restart policy defaulted here): a restart
+/// policy of `Always`, claims it does not mount or that are not the set's, ephemeral
+/// containers, and probes that kill a drain judged by its exit code.
+fn spec_errors(
+    spec: &mut PodSpec,
+    claim_templates: &[String],
+    config: &DrainConfig,
+) -> Vec<TemplateError> {
+    let mut errors = Vec::new();
+    match spec.restart_policy.as_deref() {
+        None => spec.restart_policy = Some(DEFAULT_RESTART_POLICY.to_owned()),
+        Some("OnFailure" | "Never") => {}
+        Some("Always") => errors.push(TemplateError::RestartPolicyAlways),
+        Some(other) => errors.push(TemplateError::UnknownRestartPolicy {
+            value: other.to_owned(),
+        }),
+    }
+
+    errors.extend(
+        claim_templates
+            .iter()
+            .filter(|claim| !uses_volume(spec, claim))
+            .map(|claim| TemplateError::ClaimNotMounted {
+                claim_template: claim.clone(),
+            }),
+    );
+
+    errors.extend(
+        spec.volumes
+            .iter()
+            .flatten()
+            .filter(|v| !claim_templates.contains(&v.name))
+            .filter_map(|v| {
+                Some(TemplateError::ForeignClaim {
+                    volume: v.name.clone(),
+                    claim: v.persistent_volume_claim.as_ref()?.claim_name.clone(),
+                })
+            }),
+    );
+    if spec
+        .ephemeral_containers
+        .as_ref()
+        .is_some_and(|c| !c.is_empty())
+    {
+        errors.push(TemplateError::EphemeralContainers);
+    }
+
+    if config.proof == SuccessProof::ExitCode {
+        for c in spec.containers.iter() {
+            let probes = [
+                ("liveness", c.liveness_probe.is_some()),
+                ("startup", c.startup_probe.is_some()),
+            ];
+            errors.extend(
+                probes
+                    .into_iter()
+                    .filter(|(_, set)| *set)
+                    .map(|(probe, _)| TemplateError::KillingProbe {
+                        container: c.name.clone(),
+                        probe,
+                    }),
+            );
+        }
+    }
+    errors
 }
 
 #[cfg(test)]

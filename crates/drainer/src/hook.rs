@@ -383,7 +383,7 @@ pub async fn run<P: PeerSource>(
                 attempt,
                 retry_in = ?delay,
                 reason = e.reason(),
-                error = %crate::error_chain(e),
+                error = %drain_logging::error_chain(e),
                 "peer discovery failed, not running the hook without peers"
             ),
             Retry::NoReadyPeers(status) => tracing::warn!(

@@ -157,7 +157,7 @@ async fn move_one(
         Ok(Some(handed)) => handed,
         Ok(None) => return None,
         Err(e) => {
-            tracing::warn!(%key, peer = %peer.name, error = %crate::error_chain(&e), "record not moved; it stays for a later pass");
+            tracing::warn!(%key, peer = %peer.name, error = %drain_logging::error_chain(&e), "record not moved; it stays for a later pass");
             return None;
         }
     };
@@ -194,7 +194,7 @@ async fn release(
         .header(VERSION_HEADER, version.to_string())
         .send()
         .await
-        .map_err(|e| crate::error_chain(&e))?;
+        .map_err(|e| drain_logging::error_chain(&e))?;
     match response.status() {
         StatusCode::OK | StatusCode::NO_CONTENT => Ok(true),
         StatusCode::CONFLICT => Ok(false),
@@ -233,7 +233,7 @@ async fn recover_claims_through(
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(file = %name, error = %crate::error_chain(&e), "claimed record not handed back yet");
+                tracing::warn!(file = %name, error = %drain_logging::error_chain(&e), "claimed record not handed back yet");
             }
         }
     }

@@ -26,6 +26,7 @@
 //! published on the pod ([`PodAnnotator`]).
 
 pub mod claimed;
+mod errors;
 mod progress;
 pub(crate) mod rate;
 pub mod records;
@@ -39,11 +40,12 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use futures::StreamExt;
 
-use crate::peers::{Peer, PeerSet, PeerSource, PeersError};
+use crate::peers::{Peer, PeerSet, PeerSource};
+pub use errors::{Foreign, RedistributeError};
 pub use progress::PodAnnotator;
 use progress::Progress;
 use rate::RateLimiter;
-pub use records::{Foreign, Listing, Mounted, check_data_dir, list_records};
+pub use records::{Listing, Mounted, check_data_dir, list_records};
 pub use transfer::{CHUNK_BYTES, Delivered, PutError, record_url};
 
 /// How a redistribution runs.
@@ -121,178 +123,6 @@ pub struct Summary {
     pub skipped: Vec<String>,
     /// Rounds run (0 if the data directory held no records).
     pub rounds: usize,
-}
-
-/// Why a redistribution failed. In every case, every record that no peer acknowledged is still
-/// in the data directory.
-#[derive(Debug, thiserror::Error)]
-pub enum RedistributeError {
-    /// The data directory does not exist (the claim is not mounted where expected).
-    #[error("data directory {} does not exist", dir.display())]
-    DataDirMissing {
-        /// The data directory.
-        dir: PathBuf,
-    },
-    /// The data directory is a file or something else.
-    #[error("data directory {} is not a directory", dir.display())]
-    DataDirNotADirectory {
-        /// The data directory.
-        dir: PathBuf,
-    },
-    /// The data directory is not where a volume is mounted, so it is not the drained claim.
-    #[error(
-        "data directory {} is not a mount point, so it is not the drained claim: mount the claim \
-         there (check the drain template's volumeMounts, subPath and --data-dir), or pass \
-         --allow-unmounted-data-dir if the claim is mounted above it", dir.display()
-    )]
-    DataDirNotMounted {
-        /// The data directory.
-        dir: PathBuf,
-    },
-    /// The data directory cannot be read.
-    #[error("failed to read data directory {}", dir.display())]
-    ReadDataDir {
-        /// The data directory.
-        dir: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The data directory holds entries that are neither records nor the datastore's own
-    /// files. Their content would go with the claim, so the drain does not finish.
-    #[error(
-        "{} {} in {} {}: {}; the records were moved, the claim stays. Move or delete {}, or \
-         name {} with --leave-behind if {} may be deleted with the claim",
-        entries.len(),
-        if entries.len() == 1 { "entry" } else { "entries" },
-        dir.display(),
-        if entries.len() == 1 { "is not a record" } else { "are not records" },
-        entries.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-        if entries.len() == 1 { "it" } else { "them" },
-        if entries.len() == 1 { "it" } else { "them" },
-        if entries.len() == 1 { "it" } else { "they" },
-    )]
-    NotRecords {
-        /// The data directory.
-        dir: PathBuf,
-        /// The entries.
-        entries: Vec<Foreign>,
-    },
-    /// A record file could not be read.
-    #[error("failed to read record file {}", path.display())]
-    ReadRecord {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: PutError,
-    },
-    /// A moved record's file could not be deleted.
-    #[error("failed to delete moved record file {}", path.display())]
-    DeleteRecord {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Peers could not be discovered.
-    #[error("failed to discover peers")]
-    Discover(#[source] Box<PeersError>),
-    /// The set has no other members to hold the data (scaled to zero or to only the drained one).
-    #[error("no peers: the statefulset has no members besides the drained ordinal")]
-    NoPeers,
-    /// No member is Ready.
-    #[error("no ready peers among members {members:?}")]
-    NoReadyPeers {
-        /// The members.
-        members: Vec<i32>,
-    },
-    /// The owner of some records stayed not Ready.
-    #[error("peer with ordinal {ordinal} owns records but is not ready")]
-    OwnerNotReady {
-        /// The owner.
-        ordinal: i32,
-    },
-    /// A peer refused a record (answered `4xx`, or anything not retryable).
-    #[error("peer {peer} refused record {key:?} at {url}")]
-    PeerRefused {
-        /// The record's key.
-        key: String,
-        /// The peer pod.
-        peer: String,
-        /// The URL of the `PUT`.
-        url: String,
-        /// The answer.
-        #[source]
-        source: PutError,
-    },
-    /// A peer refuses a record as too large (`413`): no retry will help.
-    #[error(
-        "peer {peer} refuses record {key:?} ({bytes} bytes) as too large; raise the peer's limit or split the record"
-    )]
-    RecordTooLarge {
-        /// The record's key.
-        key: String,
-        /// The peer pod.
-        peer: String,
-        /// The record's size.
-        bytes: u64,
-        /// The answer.
-        #[source]
-        source: PutError,
-    },
-    /// A peer kept failing (no answer or `5xx`) through every retry and round.
-    #[error("peer {peer} did not accept record {key:?} at {url}")]
-    PeerUnavailable {
-        /// The record's key.
-        key: String,
-        /// The peer pod.
-        peer: String,
-        /// The URL of the `PUT`.
-        url: String,
-        /// The last failure.
-        #[source]
-        source: PutError,
-    },
-    /// New record files kept appearing while records were moved (something still writes to
-    /// the drained claim).
-    #[error("{count} new record files appeared in the data directory during the drain")]
-    RecordsAppeared {
-        /// Record files found after the last round.
-        count: usize,
-    },
-    /// The HTTP client could not be built.
-    #[error("failed to build the http client")]
-    HttpClient(#[source] reqwest::Error),
-    /// A blocking file task panicked.
-    #[error("file task failed")]
-    Task(#[source] tokio::task::JoinError),
-}
-
-impl RedistributeError {
-    /// A short category for logs.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::DataDirMissing { .. } => "DataDirMissing",
-            Self::DataDirNotADirectory { .. } => "DataDirNotADirectory",
-            Self::DataDirNotMounted { .. } => "DataDirNotMounted",
-            Self::RecordTooLarge { .. } => "RecordTooLarge",
-            Self::ReadDataDir { .. } => "ReadDataDir",
-            Self::NotRecords { .. } => "NotRecords",
-            Self::ReadRecord { .. } => "ReadRecord",
-            Self::DeleteRecord { .. } => "DeleteRecord",
-            Self::Discover(_) => "DiscoverPeers",
-            Self::NoPeers => "NoPeers",
-            Self::NoReadyPeers { .. } => "NoReadyPeers",
-            Self::OwnerNotReady { .. } => "OwnerNotReady",
-            Self::PeerRefused { .. } => "PeerRefused",
-            Self::PeerUnavailable { .. } => "PeerUnavailable",
-            Self::RecordsAppeared { .. } => "RecordsAppeared",
-            Self::HttpClient(_) => "HttpClient",
-            Self::Task(_) => "Task",
-        }
-    }
 }
 
 /// Moves every record in `options.data_dir` to its owner among the peers from `peers`.
@@ -409,7 +239,7 @@ pub async fn redistribute<P: PeerSource>(
             remaining = names.len(),
             retry_in = ?delay,
             reason = deferral.reason(),
-            error = %crate::error_chain(&deferral),
+            error = %drain_logging::error_chain(&deferral),
             "records left for the next round"
         );
         tokio::time::sleep(delay).await;
@@ -577,7 +407,7 @@ impl<P: PeerSource> Round<'_, P> {
                 if source.is_transient() || matches!(source, PutError::Misdirected { .. }) =>
             {
                 self.down.lock().expect("lock poisoned").insert(owner);
-                tracing::warn!(peer = %peer.name, key = %name, error = %crate::error_chain(&source), "peer not accepting records");
+                tracing::warn!(peer = %peer.name, key = %name, error = %drain_logging::error_chain(&source), "peer not accepting records");
                 return Ok(Outcome::Deferred(Some(
                     RedistributeError::PeerUnavailable {
                         key: name,
@@ -645,7 +475,7 @@ impl<P: PeerSource> Round<'_, P> {
         put.retry(backoff)
             .when(PutError::is_transient)
             .notify(|e, delay| {
-                tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %crate::error_chain(e), "retrying put");
+                tracing::debug!(key = %name, peer = %peer.name, retry_in = ?delay, error = %drain_logging::error_chain(e), "retrying put");
             })
             .await
     }
@@ -660,7 +490,7 @@ impl<P: PeerSource> Round<'_, P> {
             match self.source.discover().await {
                 Ok(set) => fresh.set = Some(set),
                 Err(e) => {
-                    tracing::warn!(error = %crate::error_chain(&e), "failed to discover peers again mid-round");
+                    tracing::warn!(error = %drain_logging::error_chain(&e), "failed to discover peers again mid-round");
                 }
             }
         }

@@ -1,12 +1,17 @@
 //! Tests of the act step against a fake cluster that records calls and injects errors.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
 use crate::config::DrainConfig;
 use crate::fixtures::{SetBuilder, drain_template_json};
-use crate::plan::FailureKind;
+use crate::plan::{ClaimRef, DeleteWhy, FailureKind};
 use crate::retain::RetainError;
+use crate::template::DrainTemplate;
 use crate::template::validate;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,7 +1,12 @@
 //! What the planner decides: the actions the act step carries out, each ordinal's state for the
 //! status report, and the plan that holds both.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drain_api::progress::DrainProgress;
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
 
 /// A claim, by name and UID (deletes are preconditioned on the UID).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,7 +1,11 @@
 //! The rules for drains that did not finish: failed, interrupted or unproven attempts, stuck
 //! and stalled drain pods, the deadline, and how each is counted toward giving up.
 
-use super::*;
+use jiff::Timestamp;
+
+use super::actions::{Action, DeleteWhy, FailureKind, OrdinalState};
+use super::observed::{DrainPod, DrainRecord, PodObs};
+use super::ordinal::{Ordinal, Planner, add, backoff, delete_finished, delete_unfinished};
 
 impl Planner<'_> {
     /// Why retrying has stopped for this record, if it has.

@@ -1,7 +1,15 @@
 //! What the planner sees of one set: its claims with their drain records, the pods holding its
 //! ordinals' names (drain pods with what they show), and the snapshot that gathers them.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use drain_api::progress::DrainProgress;
+use jiff::Timestamp;
+
+use super::actions::OrdinalState;
+
+use crate::config::SuccessProof;
 
 /// What an ordinal's claims remember about its drain (annotations on the claims, see
 /// [`drain_api::claim_annotations`]): all drain state lives in the cluster.

@@ -1,7 +1,14 @@
 //! What proves that a drain pod finished, under the set's [`SuccessProof`]: the one rule a claim's
 //! deletion rests on.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+
+use super::actions::FailureKind;
+use super::observed::{DrainPhase, DrainPod, PodObs};
+
+use crate::config::SuccessProof;
 
 /// What a drain pod proves about its drain, under the set's [`SuccessProof`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,7 +1,14 @@
 //! The rules for an ordinal that comes back in range while its drain is in flight (`cancel` or
 //! `finish`).
 
-use super::*;
+use jiff::Timestamp;
+
+use super::actions::{Action, DeleteWhy, OrdinalState};
+use super::observed::DrainPod;
+use super::ordinal::{Ordinal, Planner, add};
+use super::settings::NewDrains;
+
+use crate::config::OnScaleUp;
 
 impl Planner<'_> {
     /// A scale-up brought back an ordinal whose drain has not finished.

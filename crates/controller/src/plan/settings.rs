@@ -1,6 +1,8 @@
 //! The per-set knobs of the planner: validated annotations and controller flags.
 
-use super::*;
+use std::time::Duration;
+
+use crate::config::{OnScaleUp, SuccessProof};
 
 /// Whether new drains may start.
 #[derive(Clone, Debug, PartialEq, Eq)]

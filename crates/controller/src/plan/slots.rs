@@ -1,7 +1,10 @@
 //! Drain slots: which waiting ordinals may start a drain now, highest first, within the set's
 //! concurrency.
 
-use super::*;
+use super::actions::{Action, ClaimRef, OrdinalState};
+use super::observed::DrainRecord;
+use super::ordinal::{Planner, add};
+use super::settings::NewDrains;
 
 impl Planner<'_> {
     /// Starts new drains in the free slots, highest ordinal first.

@@ -1,7 +1,11 @@
 //! The rules for a drain proven finished: retain the volumes if asked, delete exactly the drained
 //! claims (once approved, under manual approval), then the drain pod.
 
-use super::*;
+use jiff::Timestamp;
+
+use super::actions::{Action, DeleteWhy, OrdinalState};
+use super::observed::{Claim, DrainPod, PodObs};
+use super::ordinal::{Ordinal, Planner, claim_refs, delete_finished};
 
 impl Planner<'_> {
     /// The drain pod proved that it finished: its claims go, then the pod. With

@@ -1,7 +1,10 @@
 //! Tests of the drain state machine: one table row per transition, and properties over arbitrary
 //! snapshots for the invariants that keep data safe.
 
+use std::collections::BTreeMap;
+
 use super::*;
+use crate::config::OnScaleUp;
 use proptest::prelude::*;
 use rstest::rstest;
 

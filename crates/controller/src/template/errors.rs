@@ -1,7 +1,7 @@
 //! What can be wrong with a drain template or its set: one error per problem, each with a stable
 //! Event reason.
 
-use super::*;
+use drain_api::annotations;
 
 /// A problem with a StatefulSet's drain template, or with the set itself, that stops draining
 /// until the set changes.

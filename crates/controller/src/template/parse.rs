@@ -1,7 +1,10 @@
 //! The template annotation's text → a pod template, strictly: an unknown or mistyped field is an
 //! error naming it, not silently dropped.
 
-use super::*;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use serde_json::Value;
+
+use super::errors::TemplateError;
 
 /// Parses the drain template annotation's text strictly into a pod template.
 ///

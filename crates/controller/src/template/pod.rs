@@ -1,6 +1,62 @@
 //! A validated drain template → the drain pod of one ordinal (cannot fail).
 
-use super::*;
+use std::collections::BTreeMap;
+
+use drain_api::{env, labels, pod_annotations};
+use k8s_openapi::api::core::v1::{EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::Value;
+
+/// Restart policy of drain pods whose template sets none.
+pub const DEFAULT_RESTART_POLICY: &str = "OnFailure";
+
+/// A StatefulSet's drain template, validated against the set: building a drain pod from it
+/// cannot fail.
+///
+/// It keeps what the pods need from the set (name, namespace, UID, service name, ordinals start,
+/// claim template names) and the template's spec with the restart policy defaulted and, unless
+/// the set opted out, the set's placement and identity fields inherited.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainTemplate {
+    pub(super) set_name: String,
+    pub(super) namespace: String,
+    pub(super) set_uid: String,
+    pub(super) service_name: Option<String>,
+    pub(super) ordinals_start: i32,
+    pub(super) claim_templates: Vec<String>,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) annotations: BTreeMap<String, String>,
+    pub(super) spec: PodSpec,
+    pub(super) template_hash: String,
+    pub(super) owner_api_version: String,
+    /// The [`pod_annotations::SETTINGS`] value of its pods.
+    pub(super) settings: String,
+}
+
+/// What varies between the drain pods of one set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainPodInput {
+    /// The ordinal to drain.
+    pub ordinal: i32,
+    /// `spec.replicas` of the set now (given to the pod as an environment variable).
+    pub replicas: i32,
+    /// The ordinal's existing claims, by claim template name: `(claim name, claim UID)`. They
+    /// are recorded on the pod so that only exactly these claims are deleted once it succeeds;
+    /// each claim name should be [`DrainTemplate::claim_name`] of its template.
+    pub claims: BTreeMap<String, (String, String)>,
+}
+
+/// The labels of a drain pod: the template's, then ours.
+pub(super) fn drain_pod_labels(
+    template_labels: &BTreeMap<String, String>,
+    set_name: &str,
+    ordinal: i32,
+) -> BTreeMap<String, String> {
+    let mut labels = template_labels.clone();
+    labels.insert(labels::DRAIN_POD.to_owned(), set_name.to_owned());
+    labels.insert(labels::ORDINAL.to_owned(), ordinal.to_string());
+    labels
+}
 
 impl DrainTemplate {
     /// Name of the StatefulSet.

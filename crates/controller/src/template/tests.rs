@@ -1,3 +1,6 @@
+use drain_api::env;
+use k8s_openapi::api::core::v1::Pod;
+
 use super::*;
 use crate::fixtures::{SetBuilder, drain_template_json};
 use drain_api::annotations::INHERIT_POD_SPEC;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use drain_api::record::Header;
 
-use super::RedistributeError;
+use super::errors::RedistributeError;
 use super::records::{CLAIM_PREFIX, list_records};
 
 /// In a drain pod (nothing else writes the claim): puts every claimed file an earlier

@@ -47,7 +47,7 @@ impl PodAnnotator {
         match self.pods.patch(&self.name, &pp, &Patch::Merge(patch)).await {
             Ok(_) => true,
             Err(e) => {
-                tracing::warn!(pod = %self.name, error = %crate::error_chain(&e), "failed to publish progress");
+                tracing::warn!(pod = %self.name, error = %drain_logging::error_chain(&e), "failed to publish progress");
                 false
             }
         }

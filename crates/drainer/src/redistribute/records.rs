@@ -22,7 +22,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::RedistributeError;
+use super::errors::{Foreign, RedistributeError};
 
 /// Prefix of a record file claimed for a move by an interrupted rebalance pass
 /// ([`claimed`](super::claimed)).
@@ -37,21 +37,6 @@ pub struct Listing {
     pub skipped: Vec<String>,
     /// Entries that are neither, sorted by name.
     pub foreign: Vec<Foreign>,
-}
-
-/// An entry of the data directory that is not a record nor one of the datastore's own files.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Foreign {
-    /// Its name (lossily decoded if it is not UTF-8).
-    pub name: String,
-    /// What it is.
-    pub what: &'static str,
-}
-
-impl std::fmt::Display for Foreign {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?} ({})", self.name, self.what)
-    }
 }
 
 /// Whether `name` is one of the datastore's own files that hold no record.

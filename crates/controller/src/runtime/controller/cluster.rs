@@ -2,7 +2,35 @@
 //! resourceVersion preconditions, our writes remembered until their watches deliver them, Events
 //! and the status annotation's patch.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use drain_api::{annotations, labels};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tracing::{debug, warn};
+
+use super::context::{Context, Recents};
+use super::kinds::{Twin, wants};
+use super::memory::{Memory, SetId, set_id};
+use super::watches::slim_drain_pod;
+
+use super::api::{gone_or_replaced, ok_if_gone, preconditioned};
+use crate::act::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject};
+use crate::identity::FIELD_MANAGER;
+use crate::plan::ClaimRef;
+use crate::retain::RetainError;
+use crate::runtime::leader::Leadership;
+use crate::runtime::meta_cache::ClaimEntry;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::status_writer::{Patcher, Target};
+use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
+use crate::{observe, retain};
 
 /// The real cluster seam: one namespace, events on one set of kind `K`.
 pub(super) struct KubeCluster<'a, K> {
@@ -34,45 +62,26 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) id: SetId,
 }
 
-pub(super) fn ok_if_gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        // 404: gone already; 409: the UID precondition failed, so the object we meant is gone.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        other => other,
-    }
-}
-
-/// Whether a failed write means the object we meant is gone or replaced: 404, 409 (UID
-/// precondition), or 422 rejecting the `metadata.uid` sent in a patch (immutable field: the
-/// object under that name has another UID). Any other 422 stays an error.
-pub(super) fn gone_or_replaced(e: &kube::Error) -> bool {
-    let kube::Error::Api(s) = e else {
-        return false;
-    };
-    match s.code {
-        404 | 409 => true,
-        422 => uid_rejected(s),
-        _ => false,
-    }
-}
-
-/// Whether an Invalid (422) status is about `metadata.uid`: by its causes, or by its message
-/// when it has none ("... is invalid: metadata.uid: Invalid value: ...: field is immutable").
-pub(super) fn uid_rejected(s: &kube::core::Status) -> bool {
-    s.details
-        .iter()
-        .flat_map(|d| &d.causes)
-        .any(|c| c.field == "metadata.uid")
-        || s.message.contains("metadata.uid")
-}
-
-pub(super) fn preconditioned(uid: &str, resource_version: Option<&str>) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_owned()),
-            resource_version: resource_version.map(str::to_owned),
-        }),
-        ..DeleteParams::background()
+impl<'a, K: ServedSet> KubeCluster<'a, K> {
+    /// The seam for one reconcile of `set`, in its namespace.
+    pub(super) fn new(ctx: &'a Context, set: &StatefulSet, set_ref: ObjectReference) -> Self {
+        let ns = set.namespace().unwrap_or_default();
+        Self {
+            sets: Api::<K>::namespaced(ctx.client.clone(), &ns),
+            twin: ctx.twin_api(K::KIND, &ns),
+            pods: Api::namespaced(ctx.client.clone(), &ns),
+            claims: Api::namespaced(ctx.client.clone(), &ns),
+            recorder: &ctx.recorder,
+            recent: &ctx.recent,
+            set: set_ref,
+            metrics: &ctx.metrics,
+            leadership: &ctx.config.leadership,
+            live: tokio::sync::OnceCell::new(),
+            memory: &ctx.memory,
+            volumes: Api::all(ctx.client.clone()),
+            retained: &ctx.retained,
+            id: set_id(K::KIND, set),
+        }
     }
 }
 

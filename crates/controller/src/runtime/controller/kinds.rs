@@ -1,7 +1,27 @@
 //! The other kind of set: the live check for a set of the other kind with the same name, telling
 //! OpenKruise that a drain pod left a name free, and discovering Advanced StatefulSets.
 
-use super::*;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use drain_api::{annotations, labels, names};
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::api::gone_or_replaced;
+use super::context::Context;
+
+use crate::identity::FIELD_MANAGER;
+use crate::runtime::metrics::Metrics;
+use crate::set_kind::ServedSet;
+use crate::set_kind::{ADVANCED_API_VERSION, AdvancedStatefulSet, SetKind};
 
 /// The API of the sets of the other kind than the one reconciled.
 pub(super) enum Twin {
@@ -163,4 +183,14 @@ pub(super) async fn wait_for_advanced(client: &Client, every: Duration) {
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// Whether `set` may run a pod for `ordinal`: it is in the set's range, or in the range Kruise
+/// runs if it ignores `spec.ordinals.start` ([`ServedSet::start_fallback`]), or the set's
+/// membership cannot be read.
+pub(super) fn wants<K: ServedSet>(set: &K, ordinal: i32) -> bool {
+    let Ok(range) = set.ordinals() else {
+        return true;
+    };
+    range.contains(ordinal) || set.start_fallback().is_some_and(|r| r.contains(ordinal))
 }

@@ -3,7 +3,13 @@
 //! recent actions and their outcomes. When an entry is forgotten is written once, here: as soon
 //! as it holds nothing, and when its set is gone (but for its pending withdrawals).
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+
+use crate::set_kind::SetKind;
 
 /// One set's memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,9 +88,26 @@ impl Memory {
     }
 }
 
+/// A set's failed reconciles in a row, and when the retry the last one scheduled is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failures {
+    /// Failures counted toward the backoff.
+    pub(super) count: u32,
+    /// When the scheduled retry is due.
+    pub(super) retry_at: std::time::Instant,
+}
+
+/// A set's identity for per-set bookkeeping: its kind, namespace and name.
+pub(super) type SetId = (SetKind, String, String);
+
+pub(super) fn set_id(kind: SetKind, set: &StatefulSet) -> SetId {
+    (kind, set.namespace().unwrap_or_default(), set.name_any())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::set_kind::SetKind;
 
     fn id(name: &str) -> SetId {
         (SetKind::StatefulSet, "ns".to_owned(), name.to_owned())

@@ -1,10 +1,29 @@
 //! Tests of the pure helpers of the controller wiring: error classification and watch
 //! fingerprints.
 
-use super::*;
-use crate::runtime::meta_cache::Compact;
-use drain_api::claim_annotations;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drain_api::{annotations, claim_annotations, labels};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::core::PartialObjectMeta;
+use serde_json::json;
+
+use super::api::gone_or_replaced;
+use super::backoff::next_failure;
+use super::kinds::Released;
+use super::reconcile::errors_kept;
+use super::serve::halt_at_once;
+use super::snapshot::{mark_deleted, newest_claim, with_created};
+use super::watches::{drain_pod_fingerprint, set_fingerprint};
+use crate::runtime::meta_cache::{ClaimEntry, Compact};
+use crate::runtime::{recent, watch};
+use crate::status::StatusReport;
+use crate::{observe, plan};
 
 /// A stateful pod's cached entry, as a fingerprint: what passes its watch on.
 fn stateful_pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {

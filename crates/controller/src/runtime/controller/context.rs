@@ -1,0 +1,210 @@
+//! What the controllers share: their configuration and telemetry, the context every reconcile
+//! reads ([`Context`]: the caches, our recent writes, the per-set memory, the status writer),
+//! how a reconcile fails ([`Error`]) and how the controller stopped ([`Stopped`]).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::memory::Memory;
+
+use crate::act::ActError;
+use crate::runtime::leader::Leadership;
+use crate::runtime::meta_cache::{Cache, ClaimEntry, PodEntry};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::recent::{self, Recent};
+use crate::runtime::status_writer::StatusWriter;
+use crate::runtime::watch::Index;
+use crate::set_kind::{self, AdvancedStatefulSet, SetKind};
+use crate::validate::Flags;
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Watch and act in this namespace only (`None`: all namespaces).
+    pub namespace: Option<String>,
+    /// The flags that shape every set's plan.
+    pub flags: Flags,
+    /// Reconcile each opted-in set at least this often.
+    pub resync: Duration,
+    /// Whether this replica may act (leader election).
+    pub leadership: Leadership,
+    /// Plan and report only (`--dry-run`).
+    pub dry_run: bool,
+    /// Until Advanced StatefulSets are served, ask the API server this often.
+    pub advanced_discovery: Duration,
+    /// How long a stop waits for the reconciles in progress (`--stop-grace`; see [`Stopped`]).
+    pub stop_grace: Duration,
+}
+
+/// What the controller reports to the admin server: its metrics, and whether its caches synced.
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    /// The metrics it updates.
+    pub metrics: Arc<Metrics>,
+    /// Set to `true` once every watch cache synced (`/readyz`).
+    pub ready: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            metrics: Arc::default(),
+            ready: tokio::sync::watch::channel(false).0,
+        }
+    }
+}
+
+/// A reconcile that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A cache stopped (the watch's writer was dropped).
+    #[error("the watch caches stopped")]
+    CachesStopped,
+    /// One or more actions failed (the first is the source).
+    #[error("{count} action(s) failed")]
+    Act {
+        /// How many.
+        count: usize,
+        /// The first (boxed: an `ActError` is large, and this travels in every `Result`).
+        #[source]
+        first: Box<ActError>,
+    },
+}
+
+impl Error {
+    /// Stable category for Event reasons and metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::CachesStopped => "CachesStopped",
+            Self::Act { first, .. } => first.reason(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub(super) client: Client,
+    pub(super) stateful_pods: Cache<PodEntry>,
+    pub(super) drain_pods: Store<Pod>,
+    pub(super) claims: Cache<ClaimEntry>,
+    /// Our writes of drain pods and claims that their watches have not delivered yet.
+    pub(super) recent: Arc<Recents>,
+    pub(super) drain_pod_index: Index,
+    pub(super) claim_index: Index,
+    pub(super) recorder: Recorder,
+    pub(super) config: ControllerConfig,
+    /// What is remembered per set between reconciles: backoff, unconfirmed creates, pending
+    /// withdrawals, names taken by hand, dry-run reports ([`memory`]).
+    pub(super) memory: Memory,
+    /// Writes the status in the background, and shows the status last wanted or written per set
+    /// to reads from a cache that has not caught up yet.
+    pub(super) status: StatusWriter,
+    /// The metrics.
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) ready: tokio::sync::watch::Receiver<bool>,
+    /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
+    pub(super) retained: Arc<tokio::sync::Notify>,
+    /// The built-in StatefulSets' cache.
+    pub(super) sets: Store<StatefulSet>,
+    /// The Advanced StatefulSets' cache, once that kind is served.
+    pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+}
+
+impl Context {
+    /// Whether a set of `kind` named `name` is in `ns`, per the caches of the sets (`None`:
+    /// of either kind).
+    pub(super) fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
+        let builtin = || self.sets.get(&ObjectRef::new(name).within(ns)).is_some();
+        let advanced = || {
+            self.advanced
+                .get()
+                .is_some_and(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
+        };
+        match kind {
+            Some(SetKind::StatefulSet) => builtin(),
+            Some(SetKind::Advanced) => advanced(),
+            None => builtin() || advanced(),
+        }
+    }
+
+    /// Forgets what is kept per set (the set's [`memory`], the status memo, metric series) for
+    /// the sets no longer in the caches: run when a set is deleted or the sets are relisted.
+    /// Without it a deleted set's gauges show its last drains for ever, and a cluster where
+    /// sets come and go piles up entries.
+    pub(super) fn forget_gone_sets(&self) {
+        self.memory
+            .forget_gone(|(kind, ns, name)| self.set_exists(Some(*kind), ns, name));
+        self.status
+            .retain(|ns, name| self.set_exists(None, ns, name));
+        self.metrics
+            .retain_sets(|s| self.set_exists(None, &s.namespace, &s.statefulset));
+    }
+
+    /// After a reconcile of a set of `kind`: if the set was deleted meanwhile, what the
+    /// reconcile kept for it is forgotten now (the deletion's own sweep may have run before).
+    pub(super) fn forget_if_gone(&self, kind: SetKind, ns: &str, name: &str) {
+        if !self.set_exists(Some(kind), ns, name) {
+            self.forget_gone_sets();
+        }
+    }
+
+    /// Waits until every watch cache has synced (see [`gate_readiness`]).
+    pub(super) async fn wait_ready(&self) -> Result<(), Error> {
+        let mut ready = self.ready.clone();
+        ready
+            .wait_for(|r| *r)
+            .await
+            .map(|_| ())
+            .map_err(|_| Error::CachesStopped)
+    }
+}
+
+/// Our recent writes (see [`crate::runtime::recent`]).
+#[derive(Default)]
+pub(super) struct Recents {
+    /// Drain pods we created.
+    pub(super) pods: Recent<Pod>,
+    /// Claims we annotated.
+    pub(super) claims: Recent<ClaimEntry>,
+    /// Drain pods we deleted.
+    pub(super) deleted_pods: recent::Deleted,
+}
+
+/// Whether a set asks for drains.
+pub fn opted_in(set: &StatefulSet) -> bool {
+    set_kind::opted_in(&set.metadata)
+}
+
+/// How the controller stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// No reconcile was left running: kube-runtime's graceful shutdown ended, or the sets or
+    /// the other caches had not synced, so no reconcile had got past its wait for them and none
+    /// had acted. (kube-runtime holds its runner until the sets are listed and stops polling
+    /// their watch once a shutdown begins, so its graceful shutdown would never end then.)
+    Clean,
+    /// The stop's grace ([`ControllerConfig::stop_grace`], 20 s by default: inside
+    /// Kubernetes' default 30 s grace period) passed with reconciles still running, and they
+    /// were dropped. Every action is idempotent and all state is in the cluster, so the next
+    /// leader resumes them as after a crash; but requests of theirs may still be on their way,
+    /// so the Lease is left to expire, as after a crash, rather than released for a standby to
+    /// act at once.
+    DroppedReconciles,
+}
+
+pub(super) fn set_reference(kind: SetKind, set: &StatefulSet) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(kind.api_version().to_owned()),
+        kind: Some("StatefulSet".to_owned()),
+        name: set.metadata.name.clone(),
+        namespace: set.metadata.namespace.clone(),
+        uid: set.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}

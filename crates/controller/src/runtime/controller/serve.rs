@@ -1,0 +1,119 @@
+//! Serving one kind of set: kube-runtime's controller over its watch, with the stop's grace
+//! ([`Stopped`]), and OpenKruise's kind served once it is discovered.
+
+use std::sync::{Arc, OnceLock};
+
+use futures::{FutureExt, Stream, StreamExt};
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::backoff::error_policy;
+use super::context::{Context, Stopped};
+use super::kinds::wait_for_advanced;
+use super::reconcile::reconcile;
+use super::watches::set_watch;
+
+use crate::set_kind::{AdvancedStatefulSet, ServedSet};
+
+/// Whether a stop, at this instant, may drop the controller of one kind of set at once: yes
+/// while its sets are not listed or the other caches have not synced.
+pub(super) fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
+    !(sets_listed && caches_synced)
+}
+
+/// Runs the controller of one kind of set until `shutdown` resolves, then lets the reconciles
+/// in progress finish, for at most the stop's grace (see [`Stopped`]). Returns how it stopped.
+pub(super) async fn serve<K: ServedSet>(
+    ctx: Arc<Context>,
+    sets: Store<K>,
+    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    triggers: mpsc::UnboundedReceiver<ObjectRef<K>>,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+) -> Stopped {
+    let gained = ctx.config.leadership.gained();
+    let grace = ctx.config.stop_grace;
+    let halt = {
+        let (sets, ctx, stop) = (sets.clone(), Arc::clone(&ctx), shutdown.clone());
+        async move {
+            stop.await;
+            // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
+            // controller is dropped right away, so the runner's waker is not needed any more.
+            let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
+            if halt_at_once(listed, *ctx.ready.borrow()) {
+                info!(
+                    kind = K::KIND.label(),
+                    "stopped before the sets and caches had synced; no reconcile had started"
+                );
+                return Stopped::Clean;
+            }
+            tokio::time::sleep(grace).await;
+            warn!(
+                kind = K::KIND.label(),
+                grace = ?grace,
+                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+            );
+            Stopped::DroppedReconciles
+        }
+    };
+    let run = Controller::for_stream(stream, sets)
+        .reconcile_all_on(gained)
+        .reconcile_on(tokio_stream_from(triggers))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((set, _)) => debug!(set = %set, "reconciled"),
+                // The watch of the sets failed (an RBAC denial, an object that does not parse):
+                // retried with backoff, and said, or the kind would go unserved in silence.
+                Err(kube::runtime::controller::Error::QueueError(e)) => {
+                    warn!(kind = K::KIND.label(), error = %e, "watching the sets failed; retrying");
+                }
+                Err(e) => debug!(error = %e, "reconcile failed"),
+            }
+        });
+    tokio::select! {
+        () = run => Stopped::Clean,
+        stopped = halt => stopped,
+    }
+}
+
+pub(super) fn tokio_stream_from<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Serves OpenKruise's Advanced StatefulSets once that kind is served (checked every
+/// `advanced_discovery`), until `stop`; [`Stopped::Clean`] if it never was.
+pub(super) async fn serve_advanced(
+    ctx: Arc<Context>,
+    store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+    gone_tx: mpsc::UnboundedSender<()>,
+    triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
+    stop: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+) -> Stopped {
+    let every = ctx.config.advanced_discovery;
+    let found = async {
+        wait_for_advanced(&ctx.client, every).await;
+        true
+    };
+    let found = tokio::select! {
+        f = found => f,
+        () = stop.clone() => false,
+    };
+    if !found {
+        return Stopped::Clean;
+    }
+    let ns = ctx.config.namespace.clone();
+    let (sets, stream, _) = set_watch::<AdvancedStatefulSet>(
+        &ctx.client,
+        ns.as_deref(),
+        ctx.drain_pod_index.clone(),
+        gone_tx,
+    );
+    let _ = store.set(sets.clone());
+    serve(Arc::clone(&ctx), sets, stream, triggers, stop).await
+}

@@ -1,0 +1,209 @@
+//! The observe step of a reconcile: the set's snapshot from the caches, with our own recent
+//! writes over them (drain pods created and deleted, claims annotated, that the watches have
+//! not delivered yet), names taken by hand rechecked live, and pending withdrawals retried.
+
+use std::sync::Arc;
+
+use drain_api::{labels, names};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::cluster::delete_pod;
+use super::context::Context;
+use super::memory::{SetId, set_id};
+
+use crate::act::Deleted;
+use crate::runtime::meta_cache::{ClaimEntry, version_of};
+use crate::set_kind::SetKind;
+use crate::{observe, plan};
+
+/// A claim's cached entry, or our last write of it if that is newer than the cached entry and
+/// of the same claim (not one recreated under the name).
+pub(super) fn newest_claim(cached: ClaimEntry, ours: Option<ClaimEntry>) -> ClaimEntry {
+    ours.filter(|o| o.uid == cached.uid).unwrap_or(cached)
+}
+
+/// The cached drain pods of set `set`, with the ones we created (`created`: name, version,
+/// pod) that the watch has not delivered yet: added, or in place of an older cached pod of that
+/// name (a gone one: ours could be created under its name).
+pub(super) fn with_created(
+    mut cached: Vec<Arc<Pod>>,
+    created: Vec<(String, u64, Pod)>,
+    set: &str,
+) -> Vec<Arc<Pod>> {
+    for (name, version, pod) in created {
+        if pod.labels().get(labels::DRAIN_POD).map(String::as_str) != Some(set) {
+            continue;
+        }
+        match cached
+            .iter()
+            .position(|p| p.metadata.name.as_deref() == Some(&name))
+        {
+            Some(i) if version_of(&cached[i].metadata) < version => cached[i] = Arc::new(pod),
+            Some(_) => {}
+            None => cached.push(Arc::new(pod)),
+        }
+    }
+    cached
+}
+
+/// Marks the drain pods we deleted, or failed to withdraw and will delete, as terminating,
+/// whatever the cache still shows of them ([`recent::Deleted`]): only the flag, never a
+/// deletion time.
+pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> bool) {
+    for pod in pods {
+        if matches!(pod.kind, plan::PodKind::Drain(_)) && deleted(&pod.uid) {
+            pod.terminating = true;
+        }
+    }
+}
+
+/// Deletes the drain pods of this set whose withdrawal failed before
+/// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or
+/// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
+/// are left.
+pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
+    let pending = ctx.memory.read(&id, |m| m.withdrawing.clone());
+    if pending.is_empty() {
+        return false;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
+    for (uid, name) in pending {
+        let done = match delete_pod(&pods, &ctx.metrics, &ctx.recent, &name, &uid, None).await {
+            Ok(Deleted::Deleted) => {
+                info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
+                true
+            }
+            Ok(_) => true,
+            Err(e) => {
+                warn!(pod = %name, error = %e, "failed to withdraw a drain pod; retrying");
+                false
+            }
+        };
+        if done {
+            ctx.memory.update(&id, |m| m.withdrawing.remove(&uid));
+        }
+    }
+    ctx.memory.read(&id, |m| !m.withdrawing.is_empty())
+}
+
+/// Reads one set's snapshot from the caches, through the per-set indexes.
+pub(super) fn observe_set(
+    ctx: &Context,
+    kind: SetKind,
+    set: &StatefulSet,
+    only_in_flight: bool,
+) -> plan::Snapshot {
+    let name = set.name_any();
+    let ns = set.namespace().unwrap_or_default();
+    // Each read is at least as new as our own last write of the object (`crate::runtime::recent`).
+    let claims: Vec<_> = ctx
+        .claim_index
+        .names(&ns, &name)
+        .iter()
+        .filter_map(|c| {
+            let (cached, version) = ctx.claims.get_versioned(&ns, c)?;
+            let entry = newest_claim(cached, ctx.recent.claims.newer_than(&ns, c, version));
+            Some(entry.meta(&ns, c))
+        })
+        .collect();
+    let drain_pods = with_created(
+        ctx.drain_pod_index
+            .names(&ns, &name)
+            .iter()
+            .filter_map(|p| ctx.drain_pods.get(&ObjectRef::new(p).within(&ns)))
+            .collect(),
+        ctx.recent.pods.in_namespace(&ns),
+        &name,
+    );
+    let templates = observe::claim_templates(set);
+    let others: Vec<_> = claims
+        .iter()
+        .filter_map(|c| observe::parse_claim_name(c.name.as_deref()?, &name, &templates))
+        .map(|(_, o)| o)
+        .collect::<std::collections::BTreeSet<i32>>()
+        .iter()
+        .filter_map(|o| {
+            let pod = names::pod_name(&name, *o);
+            Some(ctx.stateful_pods.get(&ns, &pod)?.meta(&ns, &pod))
+        })
+        .collect();
+    let mut snap = observe::snapshot(
+        set,
+        claims.iter(),
+        drain_pods.iter().map(|p| p.as_ref()),
+        others.iter(),
+    );
+    let withdrawing: std::collections::BTreeSet<String> =
+        ctx.memory.read(&set_id(kind, set), |m| {
+            m.withdrawing.keys().cloned().collect()
+        });
+    mark_deleted(&mut snap.pods, |uid| {
+        ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
+    });
+    if only_in_flight {
+        // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.
+        let drained: std::collections::BTreeSet<i32> = snap
+            .pods
+            .iter()
+            .filter(|p| matches!(p.kind, plan::PodKind::Drain(_)))
+            .map(|p| p.ordinal)
+            .collect();
+        snap.claims.retain(|c| drained.contains(&c.ordinal));
+        snap.pods.retain(|p| drained.contains(&p.ordinal));
+        snap.previous.retain(|o, _| drained.contains(o));
+    }
+    snap
+}
+
+/// Reads again, live, each pod remembered as holding one of the set's names without being the
+/// set's or ours ([`Cluster::name_taken`]): while it is there (same UID), the planner sees it as
+/// [`plan::PodKind::Unknown`]; once it is gone, replaced, or a cached pod holds the ordinal, it
+/// is forgotten. Such pods are in no cache, so this read is what notices their deletion (the
+/// planner requeues blocked ordinals every [`plan::RECHECK_UNKNOWN_POD`]).
+pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut plan::Snapshot) {
+    let remembered = ctx.memory.read(&id, |m| m.taken.clone());
+    if remembered.is_empty() {
+        return;
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let mut gone = Vec::new();
+    for (ordinal, uid) in remembered {
+        let name = names::pod_name(&snap.set_name, ordinal);
+        // A cached pod holds the ordinal now, or no claim is left to drain (or the set opted
+        // out and the ordinal has no drain in flight): nothing to remember.
+        if snap.pods.iter().any(|p| p.ordinal == ordinal)
+            || !snap.claims.iter().any(|c| c.ordinal == ordinal)
+        {
+            gone.push(ordinal);
+            continue;
+        }
+        let result = pods.get_opt(&name).await;
+        ctx.metrics.request("get", "pods", &result);
+        match result {
+            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                let mut seen = observe::other_pod(&pod.metadata, ordinal);
+                seen.kind = plan::PodKind::Unknown;
+                snap.pods.push(seen);
+            }
+            Ok(_) => gone.push(ordinal),
+            Err(e) => {
+                // Unknown now: kept as blocked rather than risk a create that fails again.
+                debug!(pod = %name, error = %e, "could not read the pod holding the name again");
+                let mut seen = observe::other_pod(&Default::default(), ordinal);
+                seen.name = name;
+                seen.uid = uid;
+                seen.kind = plan::PodKind::Unknown;
+                snap.pods.push(seen);
+            }
+        }
+    }
+    snap.pods.sort_by_key(|p| p.ordinal);
+    if !gone.is_empty() {
+        ctx.memory
+            .update(&id, |m| m.taken.retain(|o, _| !gone.contains(o)));
+    }
+}
