@@ -11,15 +11,19 @@ ETCD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/etcd/
 CONTAINERD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/containerd/go.mod")
 KRUISE_VERSION=$(awk '$1=="github.com/openkruise/kruise" {print $2; exit}' "$STSD_ROOT/tests/cluster/go/kruise/go.mod")
 PAUSE_HASH=$(cat "$STSD_ROOT/tests/cluster/go/pause/"* | sha256sum | cut -c1-12)
+# CoreDNS is keyed by its version and the plugin list its main.go compiles in.
+COREDNS_VERSION=$(awk '$1=="require" && $2=="github.com/coredns/coredns" {print $3}' "$STSD_ROOT/tests/cluster/go/coredns/go.mod")
+COREDNS_BUILD=$COREDNS_VERSION-$(sha256sum < "$STSD_ROOT/tests/cluster/go/coredns/main.go" | cut -c1-8)
 
 BIN_K8S=$STSD_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$STSD_CACHE/bin/etcd-$ETCD_VERSION
 BIN_CONTAINERD=$STSD_CACHE/bin/containerd-$CONTAINERD_VERSION
 BIN_KRUISE=$STSD_CACHE/bin/kruise-$KRUISE_VERSION
 BIN_PAUSE=$STSD_CACHE/bin/pause-$PAUSE_HASH
+BIN_COREDNS=$STSD_CACHE/bin/coredns-$COREDNS_BUILD
 
-# Debian packages the node needs (runc, CNI plugins, iptables for the one service rule, busybox
-# for the test image) and openssl for the PKI.
+# Debian packages the node needs (runc, CNI plugins, iptables for kube-proxy and the apiserver's
+# service rule, busybox for the test image and DNS checks) and openssl for the PKI.
 DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps)
 CNI_BIN_DIR=/usr/lib/cni
 
@@ -29,6 +33,14 @@ POD_SUBNET=10.244.0.0/24
 BRIDGE_IP=10.244.0.1
 SERVICE_RANGE=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
+# Cluster DNS (lib/dns): the kube-dns Service's fixed IP, in the service range; the kubelet
+# points pods at it.
+DNS_SERVICE_IP=10.96.0.10
+CLUSTER_DOMAIN=cluster.local
+COREDNS_IMAGE=statefulset-drain.local/coredns:$COREDNS_BUILD
+# kube-proxy (iptables mode) on 127.0.0.1: health and metrics.
+KUBE_PROXY_HEALTHZ_PORT=10256
+KUBE_PROXY_METRICS_PORT=10249
 API_PORT=6443
 IPT_CHAIN=STSD-APISERVER
 CGROUP_NAME=stsd-cluster
@@ -90,4 +102,14 @@ wait_for() {
   done
   tail -n 20 "$LOGS/$name.log" >&2 || true
   die "$name not ready after ${secs}s; its log: $LOGS/$name.log"
+}
+
+# http_ok PORT PATH : whether GET http://127.0.0.1:PORT/PATH answers 200.
+http_ok() {
+  local status
+  { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
+  read -r -t 5 _ status _ <&3 || true
+  exec 3<&-
+  [ "$status" = 200 ]
 }
