@@ -7,7 +7,7 @@ STSD_CLUSTER_DIR=${STSD_CLUSTER_DIR:-/var/tmp/stsd}
 STSD_CACHE=${STSD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/statefulset-drain}
 
 K8S_VERSION=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$STSD_ROOT/tests/cluster/go/kubernetes/go.mod")
-ETCD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/etcd/go.mod")
+ETCD_VERSION=$(awk '$1=="go.etcd.io/etcd/server/v3" {print $2}' "$STSD_ROOT/tests/cluster/go/etcd/go.mod")
 CONTAINERD_VERSION=$(awk '$1=="require" {print $3}' "$STSD_ROOT/tests/cluster/go/containerd/go.mod")
 KRUISE_VERSION=$(awk '$1=="github.com/openkruise/kruise" {print $2; exit}' "$STSD_ROOT/tests/cluster/go/kruise/go.mod")
 PAUSE_HASH=$(cat "$STSD_ROOT/tests/cluster/go/pause/"* | sha256sum | cut -c1-12)

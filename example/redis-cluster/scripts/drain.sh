@@ -1,0 +1,152 @@
+#!/bin/sh
+# The drain of a Redis Cluster member, run in its drain pod by `drainer exec -- sh drain.sh`.
+#
+# The drain pod has the removed member's name, hostname and claim, so this starts the same node
+# (same node ID, same slots and keys, from /data) at the pod's new address, hands every slot it
+# serves to the members that stay, removes the node from the cluster, stops it, and exits 0.
+# `drainer exec` then writes the completion record, the controller's proof that the drain
+# finished, and the claim is deleted.
+#
+# The members that stay are `drainer exec`'s DRAIN_PEERS: the Ready pods of the set's current
+# range, read live from the StatefulSet. Other members may be leaving at the same time (6 -> 3
+# drains three) or be down; slots go only to members that stay, and nothing here waits for the
+# whole cluster to be healthy.
+#
+# A slot moves as Redis Cluster moves slots (what `redis-cli --cluster reshard` does, without its
+# whole-cluster check, which refuses while any other member is down): the target is told it is
+# IMPORTING the slot, this node that it is MIGRATING it; keys go by MIGRATE (a key is deleted
+# here only once the target has it; new keys of the slot already go to the target, by ASK); then
+# the slot is assigned to the target, on the target first. Redis keeps MIGRATING states in
+# nodes.conf, so an attempt that dies midway leaves them there, and the next attempt finishes
+# those slots with the same target before it moves any other.
+#
+# Exit codes: 0 done; 75 asks `drainer exec` to run this again after a backoff (no member to
+# take the slots, a step refused); anything else fails the attempt. Every step can be repeated.
+set -u
+. /scripts/lib.sh
+
+trap 'log "told to stop"; stop_redis; exit 143' TERM INT
+retry() { log "$*; trying again later"; stop_redis; exit 75; }
+
+# 1. The node, as it was when its pod went away.
+start_redis || exit 75
+me=$(cli cluster myid)
+peers=$(echo "${DRAIN_PEERS:-}" | tr ',' '\n' | sed -n 's|^http://\([^:/]*\):.*|\1|p')
+[ -n "$peers" ] || retry "no member that stays is Ready"
+log "draining node $me (now at $POD_IP) to the members at $(echo $peers)"
+
+# Tells every member that stays to forget this node (Redis wants it from all within a minute).
+forget_everywhere() {
+  for ip in $peers; do rcli "$ip" cluster forget "$me" >/dev/null 2>&1 || true; done
+}
+
+# 2. Already removed by an earlier attempt: it knows only itself and holds nothing.
+nodes=$(cli cluster nodes) && echo "$nodes" | grep -q myself || retry "cannot read the node's view"
+if [ "$(echo "$nodes" | wc -l)" = 1 ] && [ "$(slots_of)" = 0 ] && [ "$(cli dbsize)" = 0 ]; then
+  log "already removed from the cluster"
+  forget_everywhere
+  stop_redis
+  exit 0
+fi
+
+# 3. Back in the cluster at the new address: meet the members that stay, and wait until each
+#    of them knows this node as connected (they learn the new address from the meeting).
+for ip in $peers; do cli cluster meet "$ip" "$PORT" >/dev/null 2>&1 || true; done
+for ip in $peers; do
+  n=0
+  until rcli "$ip" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do
+    n=$((n + 1)); [ "$n" -le 60 ] || retry "member $ip does not see this node"
+    sleep 0.5
+  done
+done
+
+# Redis serves (and MIGRATE runs) only once the node sees the cluster as ok: a node that just
+# started waits a moment before it takes part (and never does while it sees only a minority).
+n=0
+until cli cluster info | grep -q '^cluster_state:ok'; do
+  n=$((n + 1)); [ "$n" -le 60 ] || retry "this node does not see the cluster as ok"
+  sleep 0.5
+done
+
+# The node ID of the member at IP, as this node knows it.
+id_at() { cli cluster nodes | awk -v ip="$1" 'index($2, ip ":") == 1 && $3 ~ /master/ {print $1}'; }
+
+# send HOST: runs the commands on stdin against HOST ("" for this node) in one pipeline; fails
+# (printing the errors) unless every reply is OK.
+send() {
+  if [ -n "$1" ]; then out=$(rcli "$1"); else out=$(cli); fi
+  bad=$(echo "$out" | grep -v '^OK$' | grep -v '^$' || true)
+  [ -z "$bad" ] || { log "refused: $(echo "$bad" | sort | uniq -c | head -n 3 | tr '\n' ' ')"; return 1; }
+}
+
+# move TARGET_ID TARGET_IP SLOT...: moves the slots to the target.
+move() {
+  tid=$1 tip=$2; shift 2
+  for s in "$@"; do echo "CLUSTER SETSLOT $s IMPORTING $me"; done | send "$tip" || return 1
+  for s in "$@"; do echo "CLUSTER SETSLOT $s MIGRATING $tid"; done | send "" || return 1
+  # The keys, slot by slot, for the slots that hold any.
+  for s in $(for s in "$@"; do echo "CLUSTER COUNTKEYSINSLOT $s"; done | cli |
+      awk -v list="$*" 'BEGIN {split(list, sl, " ")} $1 > 0 {print sl[NR]}'); do
+    while keys=$(cli cluster getkeysinslot "$s" 100 | tr '\n' ' ') && [ -n "${keys% }" ]; do
+      # REPLACE: a copy on the target can only be from an interrupted MIGRATE of this node's own.
+      r=$(cli migrate "$tip" "$PORT" "" 0 10000 REPLACE KEYS $keys) &&
+        { [ "$r" = OK ] || [ "$r" = NOKEY ]; } || { log "migrate of slot $s: $r"; return 1; }
+    done
+  done
+  # Owned by the target: the target first (it bumps its epoch and tells everyone), then here.
+  for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "$tip" || return 1
+  for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "" || return 1
+}
+
+# 4. Slots an earlier attempt left MIGRATING go on to the same target first.
+for pair in $(cli cluster nodes | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) if ($i ~ /->-/) {gsub(/[][]/, "", $i); sub(/->-/, ":", $i); print $i}}'); do
+  s=${pair%%:*} tid=${pair#*:}
+  tip=$(cli cluster nodes | awk -v id="$tid" '$1 == id {sub(/:.*/, "", $2); print $2}')
+  log "finishing slot $s, left migrating to $tid"
+  move "$tid" "$tip" "$s" || retry "finishing slot $s failed"
+done
+
+# 5. Every other slot, an equal share to each member that stays, in batches.
+my_slots() {
+  cli cluster nodes | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) {if ($i ~ /^\[/) continue;
+    n = split($i, r, "-"); if (n == 1) print r[1]; else for (s = r[1]; s <= r[2]; s++) print s}}'
+}
+targets=""
+for ip in $peers; do
+  tid=$(id_at "$ip")
+  [ -n "$tid" ] && [ "$tid" != "$me" ] && targets="$targets $tid:$ip"
+done
+[ -n "$targets" ] || retry "no member that stays is a master this node knows"
+count=$(echo $targets | wc -w)
+slots=$(my_slots)
+total=$(echo "$slots" | grep -c . || true)
+log "moving $total slots to $count members"
+share=$(( (total + count - 1) / count ))
+i=0
+for t in $targets; do
+  mine=$(echo "$slots" | awk -v from=$((i * share + 1)) -v to=$(((i + 1) * share)) 'NR >= from && NR <= to')
+  i=$((i + 1))
+  [ -n "$mine" ] || continue
+  # Batches of 500 slots: bounded pipelines, and progress in the log.
+  n=$(echo "$mine" | wc -l)
+  b=0
+  while [ "$b" -lt "$n" ]; do
+    batch=$(echo "$mine" | awk -v from=$((b + 1)) -v to=$((b + 500)) 'NR >= from && NR <= to')
+    b=$((b + 500))
+    log "moving $(echo "$batch" | wc -l) slots to ${t%%:*} at ${t#*:}"
+    move "${t%%:*}" "${t#*:}" $batch || retry "moving slots to ${t#*:} failed"
+  done
+done
+
+# 6. Nothing may be left here: no slot, so no key.
+[ "$(slots_of)" = 0 ] || retry "slots are still here"
+keys=$(cli dbsize)
+[ "$keys" = 0 ] || retry "$keys keys are still here"
+
+# 7. Leave the cluster: every member that stays forgets the node, and the node is reset (it
+#    then knows no other node: what step 2 recognises). Then stop.
+forget_everywhere
+cli cluster reset soft >/dev/null || retry "cluster reset failed"
+stop_redis
+log "drained: every slot handed over, the node removed from the cluster"
+exit 0

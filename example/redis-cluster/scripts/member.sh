@@ -1,0 +1,62 @@
+#!/bin/sh
+# A member of the Redis Cluster: the entry point of the StatefulSet's pods (busybox sh).
+#
+# It starts redis-server on its claim and makes sure the node is a working master of the
+# cluster before it says it is Ready (the readiness probe looks for /tmp/ready), so that, with
+# OrderedReady, members join one at a time:
+#   - a pod that comes back (a restart, a cancelled scale-down) tells the others its new address;
+#   - a new, empty node joins; the first one of a new cluster (ordinal 0, nobody else serving
+#     anything) takes every slot;
+#   - then slots are rebalanced so that empty masters get their share (a scale-up), and a
+#     migration an interrupted drain left half done is finished first.
+set -u
+. /scripts/lib.sh
+
+trap 'log "stopping"; kill -TERM "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID"; exit 0' TERM INT
+start_redis || exit 1
+log "redis-server up as node $(cli cluster myid) at $POD_IP"
+announce
+
+# Found a cluster, or join the one the other members serve.
+peer=""
+while :; do
+  for ip in $(member_ips); do
+    if [ "$(rcli "$ip" cluster info 2>/dev/null | tr -d '\r' | awk -F: '/cluster_slots_assigned/ {print $2}')" != 0 ]; then
+      peer=$ip
+      break
+    fi
+  done
+  [ -n "$peer" ] && break
+  if [ "${HOSTNAME##*-}" = 0 ]; then
+    [ "$(slots_of)" -gt 0 ] || { log "founding the cluster: every slot here"; cli cluster addslotsrange 0 16383 >/dev/null; }
+    peer=$POD_IP
+    break
+  fi
+  log "no member serves any slot yet; waiting for ordinal 0 to found the cluster"
+  sleep 2 &
+  wait $!
+done
+
+if [ "$peer" != "$POD_IP" ]; then
+  # Meeting the cluster is joining it (as an empty master if this node is new). Rebalance only
+  # once the cluster knows this node, or it would balance the others without it.
+  me=$(cli cluster myid)
+  cli cluster meet "$peer" "$PORT" >/dev/null
+  until rcli "$peer" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do sleep 0.5; done
+  settle "$peer" || exit 1
+  tries=0
+  while :; do
+    log "rebalancing: empty masters take their share"
+    if out=$(redis-cli --cluster rebalance "$peer:$PORT" --cluster-use-empty-masters 2>&1) &&
+      [ "$(slots_of)" -gt 0 ]; then
+      break
+    fi
+    log "rebalance did not finish: $(echo "$out" | grep -v '^#' | tail -n 2 | tr '\n' ' ')"
+    tries=$((tries + 1))
+    [ "$tries" -lt 10 ] || { log "giving up after $tries rebalances; restarting"; exit 1; }
+    settle "$peer" || exit 1
+  done
+fi
+touch /tmp/ready
+log "ready: serving $(slots_of) slots"
+wait "$REDIS_PID"

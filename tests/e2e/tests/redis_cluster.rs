@@ -1,0 +1,322 @@
+//! The Redis Cluster example (`example/redis-cluster`, issue 25) drained by scaling its
+//! StatefulSet, on the real cluster, as a user runs it (`kubectl apply -k`), with the
+//! controller: 6 → 3 → 6 under a client writing all the time, and a scale-up that cancels a
+//! drain in the middle of its migration.
+//!
+//! Judged from facts the controller does not produce: a client pod (the witness) writes keys
+//! through the cluster with `redis-cli -c` and keeps the ones Redis acknowledged, and every one
+//! must read back its value at the end; `CLUSTER NODES` and `CLUSTER INFO` as Redis reports
+//! them (only live members, every slot served); and the claims.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::faults::{exec, kubectl_apply_in};
+use e2e::ops::{
+    claim_uid, is_drain_pod, pod_names, running_ready, scale, wait_claim_gone,
+    wait_stateful_pod_back,
+};
+use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{LogParams, PostParams};
+
+const SET: &str = "redis";
+const IMAGE: &str = "statefulset-drain.local/redis-cluster:7.0";
+/// Joining members one at a time, or draining one, takes seconds to tens of seconds each.
+const T: Duration = Duration::from_secs(300);
+/// Keys written before the scale-down, in one pipeline.
+const PRELOAD: usize = 3000;
+
+/// Applies the example as `kubectl apply -k example/redis-cluster` does, with `replicas`.
+fn apply_example(ns: &TestNamespace, replicas: i32) -> Result<()> {
+    let out = kubectl()
+        .arg("kustomize")
+        .arg(repo_root().join("example/redis-cluster"))
+        .output()
+        .context("kubectl kustomize")?;
+    ensure!(
+        out.status.success(),
+        "kubectl kustomize example/redis-cluster: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    ensure!(
+        text.contains("replicas: 6"),
+        "the example sets no replicas: 6"
+    );
+    let text = text.replace("replicas: 6", &format!("replicas: {replicas}"));
+    kubectl_apply_in(Some(&ns.name), &text, "the Redis Cluster example")
+}
+
+/// Waits until members `0..n` are Running and Ready (each is Ready once it serves its share).
+async fn wait_members(ns: &TestNamespace, n: i32) -> Result<()> {
+    let pods = ns.api::<Pod>();
+    for name in pod_names(SET, 0..n) {
+        wait_for(T, &format!("member {name} Ready"), || async {
+            Ok(pods
+                .get_opt(&name)
+                .await?
+                .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The witness's script: first [`PRELOAD`] keys in one pipeline, then one write at a time
+/// until `/tmp/stop` exists; every key Redis answered `OK` for goes to `/tmp/acked`, every
+/// other to `/tmp/failed`. A key `<letter><n>` holds `v<n>`.
+const WRITER: &str = r#"
+cd /tmp
+i=0; while [ $i -lt PRELOAD ]; do i=$((i+1)); echo p$i; done > keys
+sed 's/^p\(.*\)/SET p\1 v\1/' keys | redis-cli -c -h redis-0.redis | grep -v '^-> Redirected' > replies
+paste -d ' ' keys replies | awk '$2 == "OK" {print $1}' > acked
+touch failed preloaded
+i=0
+while [ ! -e stop ]; do
+  i=$((i+1))
+  if [ "$(redis-cli -c -h redis-0.redis SET w$i v$i 2>/dev/null)" = OK ]; then echo w$i >> acked; else echo w$i >> failed; fi
+done
+touch stopped
+exec sleep 3600
+"#;
+
+/// Starts the witness pod and waits until its preload was acknowledged.
+async fn start_writer(ns: &TestNamespace) -> Result<()> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "writer"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "writer", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", WRITER.replace("PRELOAD", &PRELOAD.to_string())],
+            }],
+        },
+    }))?;
+    ns.api::<Pod>().create(&PostParams::default(), &pod).await?;
+    wait_for(T, "the witness's preload", || async {
+        Ok(writer(ns, "test -e /tmp/preloaded && echo yes || true")
+            .await
+            .is_ok_and(|o| o.trim() == "yes"))
+    })
+    .await?;
+    let acked: usize = writer(ns, "grep -c '^p' /tmp/acked || true")
+        .await?
+        .trim()
+        .parse()?;
+    ensure!(
+        acked == PRELOAD,
+        "only {acked} of {PRELOAD} preloaded keys were acknowledged"
+    );
+    Ok(())
+}
+
+async fn writer(ns: &TestNamespace, script: &str) -> Result<String> {
+    exec(ns, "writer", "writer", script).await
+}
+
+/// The lines in the witness's `/tmp/<file>`.
+async fn count(ns: &TestNamespace, file: &str) -> Result<usize> {
+    Ok(writer(ns, &format!("wc -l < /tmp/{file}"))
+        .await?
+        .trim()
+        .parse()?)
+}
+
+/// Stops the witness's writes; returns how many it made and how many of them Redis refused
+/// (a slot whose node is between its stateful pod and its drain pod is down for a moment).
+async fn stop_writer(ns: &TestNamespace) -> Result<(usize, usize)> {
+    writer(
+        ns,
+        "touch /tmp/stop; while [ ! -e /tmp/stopped ]; do sleep 0.1; done",
+    )
+    .await?;
+    Ok((count(ns, "acked").await?, count(ns, "failed").await?))
+}
+
+/// Fails unless every key Redis acknowledged reads back its value through the cluster (one
+/// pipeline, following redirections); returns how many were read.
+async fn assert_every_acked_write_readable(ns: &TestNamespace) -> Result<usize> {
+    let out = writer(
+        ns,
+        "cd /tmp; sed 's/^/GET /' acked | redis-cli -c -h redis-0.redis | grep -v '^-> Redirected' > got; \
+         paste -d ' ' acked got | awk '{n++; if ($2 != \"v\" substr($1, 2)) {bad++; if (bad <= 5) print \"lost\", $0}} \
+         END {print \"read\", n + 0, bad + 0}'",
+    )
+    .await?;
+    let last = out.lines().last().context("no output")?;
+    let fields: Vec<&str> = last.split_whitespace().collect();
+    let (read, bad): (usize, usize) = match fields.as_slice() {
+        ["read", n, b] => (n.parse()?, b.parse()?),
+        _ => bail!("unexpected output: {out}"),
+    };
+    let acked = count(ns, "acked").await?;
+    ensure!(
+        bad == 0 && read == acked,
+        "{bad} of {acked} acknowledged writes lost or changed ({read} read):\n{out}"
+    );
+    Ok(read)
+}
+
+/// Redis' own view, through member 0: the nodes `CLUSTER NODES` lists, as (address, flags,
+/// slots served), and the `CLUSTER INFO` fields that matter.
+async fn cluster_view(ns: &TestNamespace) -> Result<(Vec<(String, String, usize)>, String)> {
+    let member = pod_names(SET, [0]).remove(0);
+    let nodes = exec(ns, &member, "redis", "redis-cli cluster nodes").await?;
+    let info = exec(ns, &member, "redis", "redis-cli cluster info").await?;
+    let view = nodes
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let slots = f
+                .iter()
+                .skip(8)
+                .filter(|s| !s.starts_with('['))
+                .map(|s| match s.split_once('-') {
+                    Some((a, b)) => {
+                        b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0)
+                    }
+                    None => 1,
+                })
+                .sum();
+            (f[1].to_owned(), f[2].to_owned(), slots)
+        })
+        .collect();
+    Ok((view, info.replace('\r', "")))
+}
+
+/// Fails unless Redis reports exactly `n` masters, all connected and none failing, sharing all
+/// 16384 slots (each serving some when `each_serves`), and the cluster state `ok`.
+async fn assert_cluster(ns: &TestNamespace, n: usize, each_serves: bool) -> Result<()> {
+    // Membership settles by gossip: give it a few seconds.
+    let mut last = String::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let (view, info) = cluster_view(ns).await?;
+        let total: usize = view.iter().map(|v| v.2).sum();
+        let healthy = view.len() == n
+            && view.iter().all(|(_, flags, slots)| {
+                flags.contains("master") && !flags.contains("fail") && (*slots > 0 || !each_serves)
+            })
+            && total == 16384
+            && info.contains("cluster_state:ok")
+            && info.contains(&format!("cluster_known_nodes:{n}\n"));
+        if healthy {
+            return Ok(());
+        }
+        last = format!("{view:?}\n{info}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    bail!("Redis does not report {n} healthy masters serving every slot:\n{last}")
+}
+
+/// Waits until the drain pod of `ordinal` says it is moving slots.
+async fn wait_migrating(ns: &TestNamespace, ordinal: i32) -> Result<Pod> {
+    let name = pod_names(SET, [ordinal]).remove(0);
+    let pods = ns.api::<Pod>();
+    let params = LogParams {
+        container: Some("drain".into()),
+        ..LogParams::default()
+    };
+    wait_for(T, &format!("drain pod {name} moving slots"), || async {
+        let Some(p) = pods.get_opt(&name).await? else {
+            return Ok(false);
+        };
+        Ok(is_drain_pod(&p)
+            && pods
+                .logs(&name, &params)
+                .await
+                .is_ok_and(|l| l.contains("moving")))
+    })
+    .await?;
+    Ok(pods.get(&name).await?)
+}
+
+/// Waits until the claim of `ordinal` is gone (its drain finished); on a timeout the error
+/// carries the end of the drain pod's log.
+async fn wait_drained(ns: &TestNamespace, ordinal: i32) -> Result<()> {
+    let r = wait_claim_gone(ns, &format!("data-{SET}-{ordinal}"), T).await;
+    if r.is_err() {
+        let name = pod_names(SET, [ordinal]).remove(0);
+        let params = LogParams {
+            container: Some("drain".into()),
+            tail_lines: Some(40),
+            ..LogParams::default()
+        };
+        let log = ns
+            .api::<Pod>()
+            .logs(&name, &params)
+            .await
+            .unwrap_or_default();
+        return r.with_context(|| format!("the drain pod {name}'s log ends:\n{log}"));
+    }
+    Ok(())
+}
+
+/// 6 → 3 → 6 with the witness writing throughout: the three drained members' slots and keys
+/// move to the others, the members leave the cluster and their claims go; the three new members
+/// join empty and take their share; no acknowledged write is lost.
+#[tokio::test]
+async fn six_to_three_and_back_under_a_writing_client_loses_no_acknowledged_write() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "redis-6-3-6").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    apply_example(&ns, 6)?;
+    wait_members(&ns, 6).await?;
+    assert_cluster(&ns, 6, true).await?;
+    start_writer(&ns).await?;
+
+    scale(&ns, SET, 3).await?;
+    for ordinal in [5, 4, 3] {
+        wait_drained(&ns, ordinal).await?;
+    }
+    assert_cluster(&ns, 3, true).await?;
+    let during = count(&ns, "acked").await? - PRELOAD;
+    ensure!(
+        during > 50,
+        "the witness wrote only {during} keys during the drains"
+    );
+
+    scale(&ns, SET, 6).await?;
+    wait_members(&ns, 6).await?;
+    assert_cluster(&ns, 6, true).await?;
+    let (acked, refused) = stop_writer(&ns).await?;
+    let read = assert_every_acked_write_readable(&ns).await?;
+    eprintln!(
+        "6 → 3 → 6: {read} acknowledged writes all read back; {refused} writes refused along the way ({acked} acknowledged)"
+    );
+    Ok(())
+}
+
+/// 3 → 2 and back to 3 while the drain is moving slots (the default `cancel`): the drain pod
+/// is stopped, the member returns on its claim (same node, its remaining slots), the half-moved
+/// slot is finished, and the cluster is whole: 3 masters, every slot served, nothing lost.
+#[tokio::test]
+async fn a_scale_up_mid_drain_brings_the_member_back_whole() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "redis-cancel").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    apply_example(&ns, 3)?;
+    wait_members(&ns, 3).await?;
+    let claim = format!("data-{SET}-2");
+    let uid = claim_uid(&ns, &claim).await?;
+    start_writer(&ns).await?;
+
+    scale(&ns, SET, 2).await?;
+    wait_migrating(&ns, 2).await?;
+    scale(&ns, SET, 3).await?;
+    wait_stateful_pod_back(&ns, &pod_names(SET, [2]).remove(0)).await?;
+    wait_members(&ns, 3).await?;
+    ensure!(
+        claim_uid(&ns, &claim).await? == uid,
+        "claim {claim} was replaced"
+    );
+    assert_cluster(&ns, 3, false).await?;
+    let (acked, refused) = stop_writer(&ns).await?;
+    let read = assert_every_acked_write_readable(&ns).await?;
+    eprintln!(
+        "3 → 2 → 3 mid-drain: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
+    );
+    Ok(())
+}
