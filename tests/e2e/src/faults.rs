@@ -116,6 +116,35 @@ pub async fn exec(ns: &TestNamespace, pod: &str, container: &str, script: &str) 
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Freezes (or thaws) every process of a pod, as a hung node or a stopped VM would: the pod's
+/// cgroup in the kubelet's cgroup v1 freezer hierarchy (the local cluster's kubelet uses
+/// cgroupfs). Sending `SIGSTOP` from inside the pod cannot do it: a container's main process is
+/// PID 1 of its namespace, which ignores signals it has no handler for.
+pub async fn freeze_pod(ns: &TestNamespace, pod: &str, frozen: bool) -> Result<()> {
+    let uid = uid_of(&ns.api::<Pod>().get(pod).await?);
+    ensure!(!uid.is_empty(), "pod {pod} has no UID");
+    let root = Path::new("/sys/fs/cgroup/freezer/kubepods");
+    let name = format!("pod{uid}");
+    let dir = [
+        root.to_path_buf(),
+        root.join("besteffort"),
+        root.join("burstable"),
+    ]
+    .into_iter()
+    .map(|d| d.join(&name))
+    .find(|d| d.is_dir())
+    .with_context(|| {
+        format!(
+            "no freezer cgroup {name} under {} for pod {pod}",
+            root.display()
+        )
+    })?;
+    let state = if frozen { "FROZEN" } else { "THAWED" };
+    std::fs::write(dir.join("freezer.state"), state)
+        .with_context(|| format!("write {state} to {}", dir.display()))?;
+    Ok(())
+}
+
 /// An object's UID ("" if none).
 pub fn uid_of<K: kube::Resource>(obj: &K) -> String {
     obj.meta().uid.clone().unwrap_or_default()

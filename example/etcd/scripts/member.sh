@@ -1,0 +1,67 @@
+#!/bin/sh
+# An etcd member: the entry point of the StatefulSet's pods (busybox sh). Every path ends in
+# `exec etcd`, with the member's data on its claim (/data/etcd).
+#   - A member with data starts as itself (its peers know it by name, whatever its new IP).
+#   - A member with data that the cluster no longer lists (its drain removed it, then a scale-up
+#     brought it back before its claim was deleted) cannot start on that data: etcd refuses the
+#     data of a removed member. The data is a replica of what the cluster still holds, so it is
+#     set aside and the member joins as new.
+#   - A new member joins the live cluster (`member add`, unless the cluster already lists it).
+#   - With no live cluster at all, the first INITIAL_MEMBERS ordinals found it together.
+set -u
+. /scripts/lib.sh
+DATA=/data/etcd
+ordinal=${NAME##*-}
+
+run() {
+  exec etcd --name "$NAME" --data-dir "$DATA" \
+    --listen-peer-urls http://0.0.0.0:2380 --listen-client-urls http://0.0.0.0:2379 \
+    --initial-advertise-peer-urls "$PEER_URL" --advertise-client-urls "$CLIENT_URL" \
+    --strict-reconfig-check "$@"
+}
+
+join() {
+  ep=$1
+  list=$(members "$ep") || return 1
+  if ! echo "$list" | grep -q ", $PEER_URL,"; then
+    log "joining the cluster through $ep"
+    etcdctl --endpoints="$ep" member add "$NAME" --peer-urls="$PEER_URL" >/dev/null || return 1
+    list=$(members "$ep") || return 1
+  fi
+  # Every member by name=peer URL; a member not started yet has no name: its name is its host's.
+  initial=$(echo "$list" | awk -F', ' '{url = $4; host = url; sub(/^http:\/\//, "", host); sub(/\..*/, "", host); print host "=" url}' | paste -sd, -)
+  log "starting as a member of $initial"
+  run --initial-cluster "$initial" --initial-cluster-state existing
+}
+
+if [ -d "$DATA/member" ]; then
+  # Only a membership actually read, and not listing it, sets the data aside.
+  if ep=$(live_endpoint) && list=$(members "$ep") && [ -n "$list" ] &&
+    ! echo "$list" | grep -q ", $PEER_URL,"; then
+    log "the cluster no longer lists $NAME: setting the data of the removed member aside"
+    rm -rf "$DATA.removed" && mv "$DATA" "$DATA.removed"
+  else
+    log "starting on the member's data"
+    run
+  fi
+fi
+
+while :; do
+  if ep=$(live_endpoint); then
+    join "$ep"
+    log "joining failed; trying again"
+  elif [ "$ordinal" -lt "${INITIAL_MEMBERS:?}" ]; then
+    initial=""
+    i=0
+    while [ "$i" -lt "$INITIAL_MEMBERS" ]; do
+      initial="$initial${initial:+,}$SET-$i=http://$SET-$i.$DOMAIN:2380"
+      i=$((i + 1))
+    done
+    log "no live cluster: founding one as $initial"
+    run --initial-cluster "$initial" --initial-cluster-state new \
+      --initial-cluster-token "$POD_NAMESPACE-$SET"
+  else
+    log "no live cluster to join yet"
+  fi
+  sleep 2
+done
