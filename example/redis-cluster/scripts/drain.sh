@@ -35,9 +35,22 @@ peers=$(echo "${DRAIN_PEERS:-}" | tr ',' '\n' | sed -n 's|^http://\([^:/]*\):.*|
 [ -n "$peers" ] || retry "no member that stays is Ready"
 log "draining node $me (now at $POD_IP) to the members at $(echo $peers)"
 
-# Tells every member that stays to forget this node (Redis wants it from all within a minute).
+# Tells every node to forget this one: the members that stay, and every other node this one
+# knows. Redis wants a FORGET from every node within 60 s: a node that still knows this one tells
+# the others about it again after that, and they list it again (as failed, with no slot).
+# That happens with OrderedReady: a member leaving after this one is down while this drain runs;
+# when its own drain starts its node, the node tells the cluster about the nodes it knew,
+# including those drained meanwhile. So the ghosts it brought back (failed, no slot, as any
+# member that stays sees them) are forgotten here too: a node the cluster agreed has failed, and
+# that serves no slot, holds nothing; a member that does come back meets the cluster as it
+# starts (member.sh).
 forget_everywhere() {
-  for ip in $peers; do rcli "$ip" cluster forget "$me" >/dev/null 2>&1 || true; done
+  known=$(cli cluster nodes 2>/dev/null | awk '$3 !~ /myself/ {sub(/:.*/, "", $2); print $2}')
+  ghosts=$(for ip in $peers; do rcli "$ip" cluster nodes 2>/dev/null; done |
+    awk 'NF == 8 && $3 ~ /(^|,)fail(,|$)/ && $3 !~ /myself/ {print $1}' | sort -u)
+  for ip in $peers $known; do
+    for id in $me $ghosts; do rcli "$ip" cluster forget "$id" >/dev/null 2>&1 || true; done
+  done
 }
 
 # 2. Already removed by an earlier attempt: it knows only itself and holds nothing.
@@ -62,8 +75,12 @@ done
 
 # Redis serves (and MIGRATE runs) only once the node sees the cluster as ok: a node that just
 # started waits a moment before it takes part (and never does while it sees only a minority).
+# A node that serves no slot any more (an earlier attempt handed over the last one and died
+# before it left) has nothing to move and need not wait: with another member down and not
+# drained yet (OrderedReady drains one at a time), the remaining masters may be a minority, and
+# the cluster is not ok again until this drain lets the next one start.
 n=0
-until cli cluster info | grep -q '^cluster_state:ok'; do
+until [ "$(slots_of)" = 0 ] || cli cluster info | grep -q '^cluster_state:ok'; do
   n=$((n + 1)); [ "$n" -le 60 ] || retry "this node does not see the cluster as ok"
   sleep 0.5
 done
@@ -138,10 +155,17 @@ for t in $targets; do
   done
 done
 
-# 6. Nothing may be left here: no slot, so no key.
+# 6. Nothing may be left here: no slot, so no key of its own. A master that loses its last
+#    slot may be turned by Redis into a replica of the member that took it (a drain killed after
+#    its last handover comes back that way): its keys are then that member's, copied to it, and
+#    CLUSTER RESET below drops them.
 [ "$(slots_of)" = 0 ] || retry "slots are still here"
-keys=$(cli dbsize)
-[ "$keys" = 0 ] || retry "$keys keys are still here"
+if is_replica; then
+  log "this node serves no slot and is a replica of a member that stays"
+else
+  keys=$(cli dbsize)
+  [ "$keys" = 0 ] || retry "$keys keys are still here"
+fi
 
 # 7. Leave the cluster: every member that stays forgets the node, and the node is reset (it
 #    then knows no other node: what step 2 recognises). Then stop.

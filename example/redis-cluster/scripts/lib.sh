@@ -48,6 +48,13 @@ announce() {
   for ip in $(member_ips); do cli cluster meet "$ip" "$PORT" >/dev/null 2>&1 || true; done
 }
 
+# Whether this node is a replica. Nothing in this example makes replicas; Redis makes one of a
+# master that lost its last slot to another (a drain that handed over everything and was then
+# killed or cancelled): it serves no slot, and its keys are a copy of its master's.
+is_replica() {
+  cli cluster nodes | awk '$3 ~ /myself/ && $3 ~ /slave/ {r = 1} END {exit !r}'
+}
+
 # How many slots the node at HOST (default: this one) serves.
 slots_of() {
   if [ -n "${1:-}" ]; then rcli "$1" cluster nodes; else cli cluster nodes; fi |

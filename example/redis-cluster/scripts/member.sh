@@ -15,6 +15,13 @@ set -u
 trap 'log "stopping"; kill -TERM "$REDIS_PID" 2>/dev/null; wait "$REDIS_PID"; exit 0' TERM INT
 start_redis || exit 1
 log "redis-server up as node $(cli cluster myid) at $POD_IP"
+# A member back on the claim of a drain that handed over every slot and was then cancelled may
+# have been made a replica (lib.sh, is_replica): it holds nothing of its own, so it forgets the
+# cluster and joins again below as an empty master, which the rebalance gives its share.
+if is_replica; then
+  log "this node is a replica of a member that took its slots: joining again as an empty master"
+  cli cluster reset soft >/dev/null || exit 1
+fi
 announce
 
 # Found a cluster, or join the one the other members serve.

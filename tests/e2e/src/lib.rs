@@ -19,6 +19,7 @@ pub mod faults;
 pub mod kruise;
 pub mod objects;
 pub mod ops;
+pub mod redis;
 pub mod suite;
 pub mod witness;
 

@@ -1,7 +1,7 @@
 //! The Redis Cluster example (`example/redis-cluster`, issue 25) drained by scaling its
 //! StatefulSet, on the real cluster, as a user runs it (`kubectl apply -k`), with the
-//! controller: 6 → 3 → 6 under a client writing all the time, and a scale-up that cancels a
-//! drain in the middle of its migration.
+//! controller: 6 → 3 → 6 and 3 → 1 under a client writing all the time, a drain pod deleted in
+//! the middle of its migration, and a scale-up that cancels a drain.
 //!
 //! Judged from facts the controller does not produce: a client pod (the witness) writes keys
 //! through the cluster with `redis-cli -c` and keeps the ones Redis acknowledged, and every one
@@ -11,57 +11,20 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::faults::{exec, kubectl_apply_in};
+use e2e::faults::exec;
 use e2e::ops::{
-    claim_uid, is_drain_pod, pod_names, running_ready, scale, wait_claim_gone,
-    wait_stateful_pod_back,
+    claim_uid, is_drain_pod, pod_names, scale, wait_claim_gone, wait_stateful_pod_back,
 };
-use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
+use e2e::redis::{SET, apply_example, wait_members};
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{LogParams, PostParams};
+use kube::api::{DeleteParams, LogParams, PostParams};
 
-const SET: &str = "redis";
 const IMAGE: &str = "statefulset-drain.local/redis-cluster:7.0";
 /// Joining members one at a time, or draining one, takes seconds to tens of seconds each.
 const T: Duration = Duration::from_secs(300);
 /// Keys written before the scale-down, in one pipeline.
 const PRELOAD: usize = 3000;
-
-/// Applies the example as `kubectl apply -k example/redis-cluster` does, with `replicas`.
-fn apply_example(ns: &TestNamespace, replicas: i32) -> Result<()> {
-    let out = kubectl()
-        .arg("kustomize")
-        .arg(repo_root().join("example/redis-cluster"))
-        .output()
-        .context("kubectl kustomize")?;
-    ensure!(
-        out.status.success(),
-        "kubectl kustomize example/redis-cluster: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    ensure!(
-        text.contains("replicas: 6"),
-        "the example sets no replicas: 6"
-    );
-    let text = text.replace("replicas: 6", &format!("replicas: {replicas}"));
-    kubectl_apply_in(Some(&ns.name), &text, "the Redis Cluster example")
-}
-
-/// Waits until members `0..n` are Running and Ready (each is Ready once it serves its share).
-async fn wait_members(ns: &TestNamespace, n: i32) -> Result<()> {
-    let pods = ns.api::<Pod>();
-    for name in pod_names(SET, 0..n) {
-        wait_for(T, &format!("member {name} Ready"), || async {
-            Ok(pods
-                .get_opt(&name)
-                .await?
-                .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
-        })
-        .await?;
-    }
-    Ok(())
-}
 
 /// The witness's script: first [`PRELOAD`] keys in one pipeline, then one write at a time
 /// until `/tmp/stop` exists; every key Redis answered `OK` for goes to `/tmp/acked`, every
@@ -317,6 +280,47 @@ async fn a_scale_up_mid_drain_brings_the_member_back_whole() -> Result<()> {
     let read = assert_every_acked_write_readable(&ns).await?;
     eprintln!(
         "3 → 2 → 3 mid-drain: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
+    );
+    Ok(())
+}
+
+/// 3 → 1 with the witness writing, and the first drain pod deleted in the middle of its
+/// migration (as an eviction would): its attempt fails, a new drain pod finishes the
+/// half-moved slot and the rest; both drained members leave, and nothing acknowledged is lost.
+#[tokio::test]
+async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "redis-3-1").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    apply_example(&ns, 3)?;
+    wait_members(&ns, 3).await?;
+    start_writer(&ns).await?;
+
+    scale(&ns, SET, 1).await?;
+    let first = wait_migrating(&ns, 2).await?;
+    let first_uid = first.metadata.uid.clone().unwrap_or_default();
+    ns.api::<Pod>()
+        .delete(&pod_names(SET, [2]).remove(0), &DeleteParams::default())
+        .await?;
+    // A later drain pod of the same ordinal finishes the job.
+    let pods = ns.api::<Pod>();
+    wait_for(T, "a new drain pod for ordinal 2", || async {
+        Ok(pods
+            .get_opt(&pod_names(SET, [2]).remove(0))
+            .await?
+            .is_some_and(|p| {
+                is_drain_pod(&p) && p.metadata.uid.as_deref() != Some(first_uid.as_str())
+            }))
+    })
+    .await?;
+    for ordinal in [2, 1] {
+        wait_drained(&ns, ordinal).await?;
+    }
+    assert_cluster(&ns, 1, true).await?;
+    let (acked, refused) = stop_writer(&ns).await?;
+    let read = assert_every_acked_write_readable(&ns).await?;
+    eprintln!(
+        "3 → 1, a drain pod deleted mid-migration: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
     );
     Ok(())
 }
