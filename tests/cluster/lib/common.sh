@@ -26,8 +26,9 @@ BIN_COREDNS=$STSD_CACHE/bin/coredns-$COREDNS_BUILD
 BIN_HELM=$STSD_CACHE/bin/helm-$HELM_VERSION
 
 # Debian packages the node needs (runc, CNI plugins, iptables for kube-proxy and the apiserver's
-# service rule, busybox for the test image and DNS checks) and openssl for the PKI.
-DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps)
+# service rule, busybox for the test image and DNS checks), openssl for the PKI and python3-yaml
+# for the chart's check (artifacts/chart/compare.py).
+DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps python3-yaml)
 CNI_BIN_DIR=/usr/lib/cni
 
 NODE_NAME=$(hostname | tr "[:upper:]" "[:lower:]")
