@@ -14,6 +14,8 @@ PAUSE_HASH=$(cat "$STSD_ROOT/tests/cluster/go/pause/"* | sha256sum | cut -c1-12)
 # CoreDNS is keyed by its version and the plugin list its main.go compiles in.
 COREDNS_VERSION=$(awk '$1=="require" && $2=="github.com/coredns/coredns" {print $3}' "$STSD_ROOT/tests/cluster/go/coredns/go.mod")
 COREDNS_BUILD=$COREDNS_VERSION-$(sha256sum < "$STSD_ROOT/tests/cluster/go/coredns/main.go" | cut -c1-8)
+# helm (v3), for the chart in artifacts/chart (./helm builds it).
+HELM_VERSION=$(awk '$1=="require" && $2=="helm.sh/helm/v3" {print $3}' "$STSD_ROOT/tests/cluster/go/helm/go.mod")
 
 BIN_K8S=$STSD_CACHE/bin/kubernetes-$K8S_VERSION
 BIN_ETCD=$STSD_CACHE/bin/etcd-$ETCD_VERSION
@@ -21,10 +23,12 @@ BIN_CONTAINERD=$STSD_CACHE/bin/containerd-$CONTAINERD_VERSION
 BIN_KRUISE=$STSD_CACHE/bin/kruise-$KRUISE_VERSION
 BIN_PAUSE=$STSD_CACHE/bin/pause-$PAUSE_HASH
 BIN_COREDNS=$STSD_CACHE/bin/coredns-$COREDNS_BUILD
+BIN_HELM=$STSD_CACHE/bin/helm-$HELM_VERSION
 
 # Debian packages the node needs (runc, CNI plugins, iptables for kube-proxy and the apiserver's
-# service rule, busybox for the test image and DNS checks) and openssl for the PKI.
-DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps)
+# service rule, busybox for the test image and DNS checks), openssl for the PKI and python3-yaml
+# for the chart's check (artifacts/chart/compare.py).
+DEB_PACKAGES=(runc containernetworking-plugins iptables busybox-static openssl iproute2 procps python3-yaml)
 CNI_BIN_DIR=/usr/lib/cni
 
 NODE_NAME=$(hostname | tr "[:upper:]" "[:lower:]")
