@@ -16,6 +16,29 @@ use kube::{Api, Client, Config};
 
 use crate::kustomize::{NAME, Scratch, kubectl_ok, overlay_dir, relocated, unique, watching};
 
+/// The chart, `artifacts/chart/statefulset-drain`.
+pub fn chart_dir() -> PathBuf {
+    repo_root().join("artifacts/chart/statefulset-drain")
+}
+
+/// The `helm` the harness builds (`tests/cluster/helm`: once, then cached by version).
+fn helm_binary() -> Result<PathBuf> {
+    let out = std::process::Command::new(repo_root().join("tests/cluster/helm"))
+        .output()
+        .context("run tests/cluster/helm")?;
+    ensure!(
+        out.status.success(),
+        "tests/cluster/helm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8_lossy(&out.stdout);
+    let path = path
+        .lines()
+        .last()
+        .context("tests/cluster/helm printed no path")?;
+    Ok(PathBuf::from(path.trim()))
+}
+
 /// The label of the controller's pods.
 pub const POD_LABEL: &str = "app.kubernetes.io/name=statefulset-drain-controller";
 
@@ -93,16 +116,24 @@ fn assert_image_fresh() -> Result<()> {
     Ok(())
 }
 
-/// The controller installed in the cluster from an overlay, into a namespace of its own. Removed
-/// (`kubectl delete -k`, then waiting until its pods are gone) when dropped.
+/// How an install was made, and so how it is removed.
+enum Source {
+    /// `kubectl apply -k` of this kustomization.
+    Kustomize(PathBuf),
+    /// `helm install` of the chart as this release.
+    Helm { release: String },
+}
+
+/// The controller installed in the cluster from an overlay or the chart, into a namespace of its
+/// own. Removed (`kubectl delete -k` or `helm uninstall`, then waiting until its pods are gone)
+/// when dropped.
 pub struct Install {
     overlay: &'static str,
     /// The controller's namespace.
     pub namespace: String,
     /// The suffix of every name.
     pub suffix: String,
-    /// The kustomization applied.
-    dir: PathBuf,
+    source: Source,
     /// An admin client.
     pub client: Client,
     _scratch: Scratch,
@@ -137,22 +168,107 @@ impl Install {
             }
             None => relocated_dir,
         };
+        eprintln!(
+            "installing {overlay} into {namespace} (kubectl apply -k {})",
+            dir.display()
+        );
         let install = Self {
             overlay,
             namespace,
             suffix,
-            dir,
+            source: Source::Kustomize(dir.clone()),
             client,
             _scratch: scratch,
             _one_at_a_time: lock,
         };
-        eprintln!(
-            "installing {overlay} into {} (kubectl apply -k {})",
-            install.namespace,
-            install.dir.display()
-        );
-        kubectl_ok(&["apply", "-k", &install.dir.display().to_string()], None)?;
+        kubectl_ok(&["apply", "-k", &dir.display().to_string()], None)?;
         Ok(install)
+    }
+
+    /// `helm install --wait` of the chart (`artifacts/chart/statefulset-drain`) with its
+    /// `ci/<values>-values.yaml` and `extra` (`helm` arguments), into a namespace of its own,
+    /// its names suffixed as [`Install::apply`]'s are (`fullnameOverride`), its image the one
+    /// `tests/cluster/images` built, `helm test`'s image busybox from the node.
+    pub async fn helm(values: &'static str, extra: &[&str]) -> Result<Self> {
+        let lock = ONE_INSTALL_AT_A_TIME.lock().await;
+        let client = admin_client().await?;
+        refuse_running_installs(&client).await?;
+        assert_image_fresh()?;
+        let id = unique();
+        let namespace = format!("e2e-sys-helm-{id}");
+        let suffix = format!("-e2e-{id}");
+        let release = format!("stsd-e2e-{id}");
+        let install = Self {
+            overlay: values,
+            namespace,
+            suffix,
+            source: Source::Helm {
+                release: release.clone(),
+            },
+            client,
+            _scratch: Scratch::new("helm")?,
+            _one_at_a_time: lock,
+        };
+        let values_file = chart_dir().join(format!("ci/{values}-values.yaml"));
+        let fullname = format!("{NAME}{}", install.suffix);
+        eprintln!(
+            "installing the chart ({values}) into {} as {release}",
+            install.namespace
+        );
+        let mut args = vec![
+            "install".to_owned(),
+            release,
+            chart_dir().display().to_string(),
+            "--namespace".to_owned(),
+            install.namespace.clone(),
+            "--create-namespace".to_owned(),
+            "--wait".to_owned(),
+            "--timeout".to_owned(),
+            "3m".to_owned(),
+            "--values".to_owned(),
+            values_file.display().to_string(),
+        ];
+        for set in [
+            format!("fullnameOverride={fullname}"),
+            "image.pullPolicy=Never".to_owned(),
+            "test.image.repository=statefulset-drain.local/drainer-hook".to_owned(),
+            "test.image.tag=test".to_owned(),
+            "test.image.pullPolicy=Never".to_owned(),
+        ] {
+            args.extend(["--set".to_owned(), set]);
+        }
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        install.helm_ok(&args)?;
+        Ok(install)
+    }
+
+    /// The release's name (`None` for a kustomize install).
+    pub fn release(&self) -> Option<&str> {
+        match &self.source {
+            Source::Helm { release } => Some(release),
+            Source::Kustomize(_) => None,
+        }
+    }
+
+    /// Runs `helm ARGS` against the local cluster; its stdout, or an error with its output.
+    pub fn helm_ok<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Result<String> {
+        let out = std::process::Command::new(helm_binary()?)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .output()
+            .context("run helm")?;
+        let shown: Vec<String> = args
+            .iter()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect();
+        ensure!(
+            out.status.success(),
+            "helm {}: {}{}",
+            shown.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// `system:serviceaccount:<namespace>:<name>`, the controller's identity.
@@ -344,17 +460,38 @@ impl Drop for Install {
             self.namespace,
             log.display()
         );
-        let dir = self.dir.display().to_string();
-        let deleted = kubectl()
-            .args(["delete", "-k", &dir, "--ignore-not-found", "--wait=false"])
-            .output();
-        if let Ok(out) = &deleted
-            && !out.status.success()
-        {
-            eprintln!(
-                "kubectl delete -k {dir}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        match &self.source {
+            Source::Kustomize(dir) => {
+                let dir = dir.display().to_string();
+                let deleted = kubectl()
+                    .args(["delete", "-k", &dir, "--ignore-not-found", "--wait=false"])
+                    .output();
+                if let Ok(out) = &deleted
+                    && !out.status.success()
+                {
+                    eprintln!(
+                        "kubectl delete -k {dir}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            Source::Helm { release } => {
+                // A test may have uninstalled it already; the namespace goes either way (helm
+                // does not delete the namespace it created, nor a failed test pod).
+                let args = [
+                    "uninstall",
+                    release.as_str(),
+                    "--namespace",
+                    &self.namespace,
+                    "--ignore-not-found",
+                ];
+                if let Err(e) = self.helm_ok(&args) {
+                    eprintln!("{e:#}");
+                }
+                let _ = kubectl()
+                    .args(["delete", "namespace", &self.namespace, "--wait=false"])
+                    .output();
+            }
         }
         // The next install, and the next test binary, must not find its controllers running.
         let deadline = std::time::Instant::now() + Duration::from_secs(120);

@@ -3,7 +3,11 @@
 //! the controller, run in the cluster from each overlay (the image `tests/cluster/images` built
 //! from this source, exactly the shipped RBAC), drains a scale-down. The single-namespace install
 //! acts on its namespace only and holds no cluster-scoped permission; the ha install runs two
-//! replicas of which only the Lease holder acts, and another takes over when it goes.
+//! replicas of which only the Lease holder acts, and another takes over when it goes. The Helm
+//! chart (`artifacts/chart/statefulset-drain`, checked against the overlays by
+//! `artifacts/chart/check`) installs cluster-wide (and passes `helm test`) and watching one
+//! namespace, drains as the overlays do, and an upgrade or an uninstall in the middle of a drain
+//! loses nothing.
 //!
 //! Each in-cluster install goes into a namespace of its own with its names suffixed (an overlay
 //! of the test's on top of the shipped one, as a user would write), so a user's install
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
-use e2e::faults::{drain_status, hold, wait_ordinal_state};
+use e2e::faults::{drain_status, exec, hold, wait_ordinal_state};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{TestNamespace, kubectl, repo_root, wait_for};
@@ -31,7 +35,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use installed::{Install, admin_client};
+use installed::{Install, admin_client, chart_dir};
 use kustomize::*;
 
 /// The overlays of `artifacts/overlays`.
@@ -332,6 +336,18 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
 
     let install = Install::apply("single-namespace", Some(&watched.name)).await?;
     let started = Instant::now();
+    drains_its_namespace_only(&install, &watched, &other).await?;
+    eprintln!("single-namespace install up for {:?}", started.elapsed());
+    Ok(())
+}
+
+/// What a single-namespace install (the overlay, or the chart watching one namespace) may do,
+/// and that it drains a scale-down in `watched` and leaves `other` alone.
+async fn drains_its_namespace_only(
+    install: &Install,
+    watched: &TestNamespace,
+    other: &TestNamespace,
+) -> Result<()> {
     // Its service account may do what the controller needs in the watched namespace and
     // nothing anywhere else: no cluster-scoped permission but reading and patching volumes.
     let (w, o) = (watched.name.as_str(), other.name.as_str());
@@ -369,18 +385,18 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
 
     let pods = install.wait_ready(1).await?;
     install.assert_admin_port().await?;
-    scale(&other, "web", 1).await?;
-    let by = scale_down_and_drain(&watched, 1).await?;
+    scale(other, "web", 1).await?;
+    let by = scale_down_and_drain(watched, 1).await?;
     ensure!(pods == [by.clone()], "drained by {by}, not {pods:?}");
     // The other namespace's scale-down, older than the drain just seen, is left alone.
     hold(
         Duration::from_secs(3),
         "the other namespace untouched",
         || async {
-            assert_claims_kept(&other, &["data-web-1"]).await?;
-            ensure!(drain_pods(&other).await?.is_empty(), "a drain pod in {o}");
+            assert_claims_kept(other, &["data-web-1"]).await?;
+            ensure!(drain_pods(other).await?.is_empty(), "a drain pod in {o}");
             ensure!(
-                drain_status(&other, "web").await?.is_none(),
+                drain_status(other, "web").await?.is_none(),
                 "a drain status in {o}"
             );
             Ok(())
@@ -388,7 +404,6 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
     )
     .await?;
     install.assert_nothing_forbidden()?;
-    eprintln!("single-namespace install up for {:?}", started.elapsed());
     Ok(())
 }
 
@@ -480,5 +495,180 @@ async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
     install.wait_ready(2).await?;
     install.assert_nothing_forbidden()?;
     eprintln!("ha install up for {:?}", started.elapsed());
+    Ok(())
+}
+
+// --- the Helm chart in the cluster -------------------------------------------------------------
+
+#[tokio::test]
+async fn helm_cluster_wide_install_drains_a_scale_down_and_passes_its_test() -> Result<()> {
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "helm-cw").await?;
+    ready_set(&ns, 2).await?;
+
+    let install = Install::helm("cluster-wide", &[]).await?;
+    install.assert_permissions(CLUSTER_WIDE_ALLOWED, CLUSTER_WIDE_DENIED)?;
+    let pods = install.wait_ready(1).await?;
+    install.assert_admin_port().await?;
+    // `helm test`: its pod asks the controller's Service for /readyz.
+    let release = install.release().context("a Helm install")?;
+    install.helm_ok(&[
+        "test",
+        release,
+        "--namespace",
+        &install.namespace,
+        "--timeout",
+        "2m",
+    ])?;
+    let by = scale_down_and_drain(&ns, 1).await?;
+    ensure!(pods == [by.clone()], "drained by {by}, not {pods:?}");
+    install.assert_nothing_forbidden()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn helm_namespaced_install_drains_its_namespace_only() -> Result<()> {
+    let client = admin_client().await?;
+    let watched = TestNamespace::new(&client, "helm-watched").await?;
+    let other = TestNamespace::new(&client, "helm-other").await?;
+    ready_set(&watched, 2).await?;
+    ready_set(&other, 2).await?;
+
+    let only = format!(r#"watchNamespaces=["{}"]"#, watched.name);
+    let install = Install::helm("namespaced", &["--set-json", &only]).await?;
+    // Its only cluster-scoped objects: the volumes' ClusterRole and its binding.
+    let release = install.release().context("a Helm install")?;
+    let manifest = install.helm_ok(&[
+        "get",
+        "manifest",
+        release,
+        "--namespace",
+        &install.namespace,
+    ])?;
+    let kinds: BTreeSet<&str> = manifest
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .collect();
+    let cluster_scoped: Vec<&&str> = kinds.iter().filter(|k| k.starts_with("Cluster")).collect();
+    ensure!(
+        cluster_scoped == [&"ClusterRole", &"ClusterRoleBinding"],
+        "cluster-scoped kinds {cluster_scoped:?} in {kinds:?}"
+    );
+    let cluster_roles = manifest
+        .lines()
+        .filter(|l| *l == "kind: ClusterRole")
+        .count();
+    ensure!(
+        cluster_roles == 1,
+        "{cluster_roles} ClusterRoles:\n{manifest}"
+    );
+    drains_its_namespace_only(&install, &watched, &other).await
+}
+
+/// The drain of `web-<ordinal>` as [`ready_set`]'s, but held until `/data/release` exists (the
+/// test creates it with `kubectl exec`).
+const HELD_DRAIN: &str = "until [ -e /data/release ]; do sleep 0.2; done";
+
+/// Waits until the drain pod of `web-<ordinal>` runs; its UID.
+async fn held_drain_pod(ns: &TestNamespace, ordinal: i32) -> Result<String> {
+    let pod = wait_drain_pod(ns, &format!("web-{ordinal}"), Some("Running")).await?;
+    Ok(pod.metadata.uid.unwrap_or_default())
+}
+
+/// An upgrade of the release while a drain is in flight (the controller's pod replaced): the
+/// same drain pod finishes, its claim goes only then, and no second drain pod is made; then an
+/// uninstall while another drain is in flight deletes nothing of the set's: the claim, the
+/// drain pod and the drain status stay, and a controller installed again finishes the drain.
+#[tokio::test]
+async fn helm_upgrade_keeps_a_drain_in_flight_and_uninstall_keeps_the_data() -> Result<()> {
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "helm-upgrade").await?;
+    let set = SetBuilder::new("web").replicas(3).parallel().annotation(
+        DRAINER_POD_TEMPLATE,
+        drain_template(HELD_DRAIN, &["data"], json!({"restartPolicy": "Never"})),
+    );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+
+    let install = Install::helm("cluster-wide", &[]).await?;
+    let before = install.wait_ready(1).await?;
+    let release = install.release().context("a Helm install")?.to_owned();
+
+    // A drain in flight across an upgrade that replaces the controller's pod.
+    scale(&ns, "web", 2).await?;
+    let uid = held_drain_pod(&ns, 2).await?;
+    install.helm_ok(&[
+        "upgrade",
+        &release,
+        &chart_dir().display().to_string(),
+        "--namespace",
+        &install.namespace,
+        "--reuse-values",
+        "--set",
+        "log.level=debug",
+        "--wait",
+        "--timeout",
+        "3m",
+    ])?;
+    let after = install.wait_ready(1).await?;
+    ensure!(
+        before != after,
+        "the upgrade did not replace the controller's pod ({before:?})"
+    );
+    assert_claims_kept(&ns, &["data-web-2"]).await?;
+    exec(&ns, "web-2", "drain", "touch /data/release").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    // Each is reported on the set and on the drain pod: the set's.
+    let on_set = |v: Vec<String>| -> Vec<String> {
+        v.into_iter().filter(|m| m.starts_with("web: ")).collect()
+    };
+    let created = on_set(events(&ns, "DrainPodCreated").await?);
+    let retried = on_set(events(&ns, "DrainRetrying").await?);
+    ensure!(
+        created.iter().filter(|m| m.contains("web-2")).count() == 1 && retried.is_empty(),
+        "one drain pod for web-2 expected (pod {uid}): created {created:?}, retried {retried:?}"
+    );
+
+    // A drain in flight across an uninstall: nothing of the set's is deleted.
+    scale(&ns, "web", 1).await?;
+    let uid = held_drain_pod(&ns, 1).await?;
+    install.helm_ok(&[
+        "uninstall",
+        &release,
+        "--namespace",
+        &install.namespace,
+        "--wait",
+    ])?;
+    wait_for(T, "the controller's pods gone", || async {
+        Ok(install.pods().await?.is_empty())
+    })
+    .await?;
+    exec(&ns, "web-1", "drain", "touch /data/release").await?;
+    hold(
+        Duration::from_secs(5),
+        "the claim and the drain pod kept without a controller",
+        || async {
+            assert_claims_kept(&ns, &["data-web-1"]).await?;
+            let pods = drain_pods(&ns).await?;
+            ensure!(
+                pods.iter()
+                    .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str())),
+                "the drain pod of web-1 is gone"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    ensure!(
+        drain_status(&ns, "web").await?.is_some(),
+        "the drain status is gone"
+    );
+    drop(install);
+
+    // Installed again, the controller finds the finished drain and deletes the claim.
+    let again = Install::helm("cluster-wide", &[]).await?;
+    again.wait_ready(1).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    again.assert_nothing_forbidden()?;
     Ok(())
 }
