@@ -15,17 +15,17 @@ set -u
 . /scripts/lib.sh
 
 ep=$(live_endpoint) || { log "no live member answers"; exit 75; }
-# A membership read that fails, or reads nothing, proves nothing: retry.
-list=$(members "$ep") && [ -n "$list" ] || { log "cannot read the membership"; exit 75; }
+# A membership read that fails, reads nothing, or is not this set's proves nothing: retry.
+list=$(members "$ep") && ours "$list" || { log "cannot read the membership"; exit 75; }
 id=$(echo "$list" | awk -F', ' -v url="$PEER_URL" '$4 == url {print $1}')
 if [ -n "$id" ]; then
   log "removing member $NAME ($id) through $ep"
   etcdctl --endpoints="$ep" --command-timeout=10s member remove "$id" >/dev/null ||
     { log "member remove failed"; exit 75; }
-  list=$(members "$ep") && [ -n "$list" ] || { log "cannot read the membership"; exit 75; }
+  list=$(members "$ep") && ours "$list" || { log "cannot read the membership"; exit 75; }
 fi
-# The proof: the membership, read through the quorum, lists members, and not this one.
-if echo "$list" | grep -q ", $PEER_URL,"; then
+# The proof: the membership, read through the quorum, lists this set's members, and not this one.
+if lists_me "$list"; then
   log "the cluster still lists $NAME"
   exit 75
 fi

@@ -11,22 +11,39 @@ CLIENT_URL=http://$NAME.$DOMAIN:2379
 log() { echo "$(date -u +%H:%M:%S) $*" >&2; }
 
 # The client URLs of the other live members (from cluster DNS: the headless Service publishes
-# every member, Ready or not, and never a drain pod).
+# every member, Ready or not, and never a drain pod). Fails when the lookup itself fails: that
+# is not "no other member".
 other_endpoints() {
-  nslookup -type=a "$DOMAIN" 2>/dev/null |
+  local answer
+  answer=$(nslookup -type=a "$DOMAIN" 2>/dev/null) || return 1
+  echo "$answer" |
     awk '/^Name:/ {n = 1} n && /^Address/ {sub(/^Address:[ \t]*/, ""); print}' |
     grep -vx "${POD_IP:?}" | sed 's|.*|http://&:2379|' || true
 }
 
-# The first other member that answers as a healthy member of a cluster with a quorum.
+# The first other member that answers as a healthy member of a cluster with a quorum. Status 1:
+# none answers; 2: the members cannot be looked up.
 live_endpoint() {
-  for ep in $(other_endpoints); do
+  local eps
+  eps=$(other_endpoints) || return 2
+  for ep in $eps; do
     if etcdctl --endpoints="$ep" --command-timeout=3s endpoint health >/dev/null 2>&1; then
       echo "$ep"
       return 0
     fi
   done
   return 1
+}
+
+# Whether a membership (members' output) is this set's: it lists members by this set's names. A
+# member read from another cluster (an address reused by another etcd) proves nothing.
+ours() {
+  echo "$1" | grep -qF ".$DOMAIN:2380,"
+}
+
+# Whether a membership lists this member.
+lists_me() {
+  echo "$1" | grep -qF ", $PEER_URL,"
 }
 
 # The membership, linearizably read through ENDPOINT: one line per member,

@@ -22,8 +22,8 @@ run() {
 
 join() {
   ep=$1
-  list=$(members "$ep") || return 1
-  if ! echo "$list" | grep -q ", $PEER_URL,"; then
+  list=$(members "$ep") && ours "$list" || return 1
+  if ! lists_me "$list"; then
     log "joining the cluster through $ep"
     etcdctl --endpoints="$ep" member add "$NAME" --peer-urls="$PEER_URL" >/dev/null || return 1
     list=$(members "$ep") || return 1
@@ -36,8 +36,7 @@ join() {
 
 if [ -d "$DATA/member" ]; then
   # Only a membership actually read, and not listing it, sets the data aside.
-  if ep=$(live_endpoint) && list=$(members "$ep") && [ -n "$list" ] &&
-    ! echo "$list" | grep -q ", $PEER_URL,"; then
+  if ep=$(live_endpoint) && list=$(members "$ep") && ours "$list" && ! lists_me "$list"; then
     log "the cluster no longer lists $NAME: setting the data of the removed member aside"
     rm -rf "$DATA.removed" && mv "$DATA" "$DATA.removed"
   else
@@ -47,9 +46,14 @@ if [ -d "$DATA/member" ]; then
 fi
 
 while :; do
-  if ep=$(live_endpoint); then
+  ep=$(live_endpoint)
+  found=$?
+  if [ "$found" = 0 ]; then
     join "$ep"
     log "joining failed; trying again"
+  elif [ "$found" = 2 ]; then
+    # Not knowing who is there is no reason to found a cluster.
+    log "the members cannot be looked up in cluster DNS yet"
   elif [ "$ordinal" -lt "${INITIAL_MEMBERS:?}" ]; then
     initial=""
     i=0
