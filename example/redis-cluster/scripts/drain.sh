@@ -23,6 +23,8 @@
 # Exit codes: 0 done; 75 asks `drainer exec` to run this again after a backoff (no member to
 # take the slots, a step refused); anything else fails the attempt. Every step can be repeated.
 set -u
+# No globbing: key names pass through the shell (a key named * is a key, not a file list).
+set -f
 . /scripts/lib.sh
 
 trap 'log "told to stop"; stop_redis; exit 143' TERM INT
@@ -85,40 +87,77 @@ until [ "$(slots_of)" = 0 ] || cli cluster info | grep -q '^cluster_state:ok'; d
   sleep 0.5
 done
 
-# The node ID of the member at IP, as this node knows it.
-id_at() { cli cluster nodes | awk -v ip="$1" 'index($2, ip ":") == 1 && $3 ~ /master/ {print $1}'; }
-
 # send HOST: runs the commands on stdin against HOST ("" for this node) in one pipeline; fails
-# (printing the errors) unless every reply is OK.
+# (printing the errors) unless the node answered OK to every command: no answer at all (the node
+# is gone) is a failure too.
 send() {
-  if [ -n "$1" ]; then out=$(rcli "$1"); else out=$(cli); fi
-  bad=$(echo "$out" | grep -v '^OK$' | grep -v '^$' || true)
-  [ -z "$bad" ] || { log "refused: $(echo "$bad" | sort | uniq -c | head -n 3 | tr '\n' ' ')"; return 1; }
+  cmds=$(cat)
+  want=$(echo "$cmds" | grep -c .)
+  if [ -n "$1" ]; then out=$(echo "$cmds" | rcli "$1" 2>&1); else out=$(echo "$cmds" | cli 2>&1); fi
+  got=$(echo "$out" | grep -c '^OK$' || true)
+  [ "$got" = "$want" ] || {
+    log "${1:-this node} answered OK to $got of $want: $(echo "$out" | grep -v '^OK$' | sort | uniq -c | head -n 3 | tr '\n' ' ')"
+    return 1
+  }
 }
 
-# move TARGET_ID TARGET_IP SLOT...: moves the slots to the target.
+# counts SLOT...: "SLOT KEYS" for each slot, as this node answers; fails unless it answers a
+# number for every slot (a node that is gone holds no keys only as far as an empty answer goes).
+counts() {
+  out=$(for s in "$@"; do echo "CLUSTER COUNTKEYSINSLOT $s"; done | cli) || return 1
+  echo "$out" | awk -v list="$*" 'BEGIN {n = split(list, sl, " ")}
+    $0 !~ /^[0-9]+$/ {bad = 1} {print sl[NR], $0} END {exit bad || NR != n}'
+}
+
+# move TARGET_ID TARGET_IP SLOT...: moves the slots to the target. A slot is handed over only
+# once this node answers that it holds no key of it: every key went by MIGRATE, which deletes a
+# key here only once the target has it.
 move() {
   tid=$1 tip=$2; shift 2
   for s in "$@"; do echo "CLUSTER SETSLOT $s IMPORTING $me"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s MIGRATING $tid"; done | send "" || return 1
-  # The keys, slot by slot, for the slots that hold any.
-  for s in $(for s in "$@"; do echo "CLUSTER COUNTKEYSINSLOT $s"; done | cli |
-      awk -v list="$*" 'BEGIN {split(list, sl, " ")} $1 > 0 {print sl[NR]}'); do
-    while keys=$(cli cluster getkeysinslot "$s" 100 | tr '\n' ' ') && [ -n "${keys% }" ]; do
+  c=$(counts "$@") || { log "cannot count the keys of the slots"; return 1; }
+  for s in $(echo "$c" | awk '$2 > 0 {print $1}'); do
+    n=$(counts "$s" | awk '{print $2}')
+    while [ -n "$n" ] && [ "$n" -gt 0 ]; do
+      keys=$(cli cluster getkeysinslot "$s" 100) || { log "cannot list the keys of slot $s"; return 1; }
       # REPLACE: a copy on the target can only be from an interrupted MIGRATE of this node's own.
-      r=$(cli migrate "$tip" "$PORT" "" 0 10000 REPLACE KEYS $keys) &&
+      r=$(cli migrate "$tip" "$PORT" "" 0 10000 REPLACE KEYS $(echo "$keys" | tr '\n' ' ')) &&
         { [ "$r" = OK ] || [ "$r" = NOKEY ]; } || { log "migrate of slot $s: $r"; return 1; }
+      left=$(counts "$s" | awk '{print $2}')
+      # No progress (a key whose name the shell cannot pass: empty, with whitespace): retry
+      # later, and the claim stays.
+      [ -n "$left" ] && [ "$left" -lt "$n" ] ||
+        { log "slot $s: ${left:-no answer} keys left after moving $n"; return 1; }
+      n=$left
     done
   done
+  c=$(counts "$@") && [ -z "$(echo "$c" | awk '$2 != 0')" ] ||
+    { log "keys are left in the slots to hand over"; return 1; }
   # Owned by the target: the target first (it bumps its epoch and tells everyone), then here.
   for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "" || return 1
 }
 
-# 4. Slots an earlier attempt left MIGRATING go on to the same target first.
-for pair in $(cli cluster nodes | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) if ($i ~ /->-/) {gsub(/[][]/, "", $i); sub(/->-/, ":", $i); print $i}}'); do
+# The members that stay, as "ID:IP", each ID as the member itself answers it (not as this node,
+# which was down, remembers whoever had that address).
+targets=""
+for ip in $peers; do
+  tid=$(rcli "$ip" cluster myid 2>/dev/null) || continue
+  case $tid in *[!0-9a-f]* | "") continue ;; esac
+  [ "$tid" != "$me" ] && targets="$targets $tid:$ip"
+done
+[ -n "$targets" ] || retry "no member that stays answers"
+
+# 4. Slots an earlier attempt left MIGRATING go on to the same target first: some of their keys
+#    are there already. A target that is not among the members that stay and answer now is
+#    waited for (it holds those keys in a slot it does not own yet).
+nodes=$(cli cluster nodes) || retry "cannot read the node's view"
+for pair in $(echo "$nodes" | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) if ($i ~ /->-/) {gsub(/[][]/, "", $i); sub(/->-/, ":", $i); print $i}}'); do
   s=${pair%%:*} tid=${pair#*:}
-  tip=$(cli cluster nodes | awk -v id="$tid" '$1 == id {sub(/:.*/, "", $2); print $2}')
+  tip=""
+  for t in $targets; do [ "${t%%:*}" = "$tid" ] && tip=${t#*:}; done
+  [ -n "$tip" ] || retry "slot $s was left migrating to $tid, which is not a member that stays and answers"
   log "finishing slot $s, left migrating to $tid"
   move "$tid" "$tip" "$s" || retry "finishing slot $s failed"
 done
@@ -128,12 +167,6 @@ my_slots() {
   cli cluster nodes | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) {if ($i ~ /^\[/) continue;
     n = split($i, r, "-"); if (n == 1) print r[1]; else for (s = r[1]; s <= r[2]; s++) print s}}'
 }
-targets=""
-for ip in $peers; do
-  tid=$(id_at "$ip")
-  [ -n "$tid" ] && [ "$tid" != "$me" ] && targets="$targets $tid:$ip"
-done
-[ -n "$targets" ] || retry "no member that stays is a master this node knows"
 count=$(echo $targets | wc -w)
 slots=$(my_slots)
 total=$(echo "$slots" | grep -c . || true)

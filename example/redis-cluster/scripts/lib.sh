@@ -55,9 +55,13 @@ is_replica() {
   cli cluster nodes | awk '$3 ~ /myself/ && $3 ~ /slave/ {r = 1} END {exit !r}'
 }
 
-# How many slots the node at HOST (default: this one) serves.
+# How many slots the node at HOST (default: this one) serves; nothing (and status 1) when the
+# node does not answer: an empty answer is not "no slot".
 slots_of() {
-  if [ -n "${1:-}" ]; then rcli "$1" cluster nodes; else cli cluster nodes; fi |
+  local view
+  if [ -n "${1:-}" ]; then view=$(rcli "$1" cluster nodes); else view=$(cli cluster nodes); fi &&
+    [ -n "$view" ] || return 1
+  echo "$view" |
     awk -v id="${2:-myself}" '
       (id == "myself" && $3 ~ /myself/) || $1 == id {
         for (i = 9; i <= NF; i++) {

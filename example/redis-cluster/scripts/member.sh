@@ -28,7 +28,9 @@ announce
 peer=""
 while :; do
   for ip in $(member_ips); do
-    if [ "$(rcli "$ip" cluster info 2>/dev/null | tr -d '\r' | awk -F: '/cluster_slots_assigned/ {print $2}')" != 0 ]; then
+    # A member that answers, with slots assigned (no answer is not a cluster).
+    n=$(rcli "$ip" cluster info 2>/dev/null | tr -d '\r' | awk -F: '/cluster_slots_assigned/ {print $2}')
+    if [ -n "$n" ] && [ "$n" -gt 0 ] 2>/dev/null; then
       peer=$ip
       break
     fi
@@ -49,7 +51,12 @@ if [ "$peer" != "$POD_IP" ]; then
   # once the cluster knows this node, or it would balance the others without it.
   me=$(cli cluster myid)
   cli cluster meet "$peer" "$PORT" >/dev/null
-  until rcli "$peer" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do sleep 0.5; done
+  tries=0
+  until rcli "$peer" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do
+    tries=$((tries + 1))
+    [ "$tries" -le 120 ] || { log "$peer does not see this node after a minute; restarting"; exit 1; }
+    sleep 0.5
+  done
   settle "$peer" || exit 1
   tries=0
   while :; do
