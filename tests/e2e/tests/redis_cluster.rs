@@ -324,3 +324,41 @@ async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> 
     );
     Ok(())
 }
+
+/// 4 → 3 with the witness writing, and the drain pod's Redis killed in the middle of the
+/// migration while its script lives on (as an OOM kill of the server would): the script must
+/// not take the dead node's silence for "no keys left" and hand slots over without their keys;
+/// the attempt fails, the next one starts the node again and finishes, and nothing
+/// acknowledged is lost.
+#[tokio::test]
+async fn a_drain_whose_redis_dies_mid_migration_loses_nothing() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "redis-node-dies").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    apply_example(&ns, 4)?;
+    wait_members(&ns, 4).await?;
+    start_writer(&ns).await?;
+
+    scale(&ns, SET, 3).await?;
+    let drain = wait_migrating(&ns, 3).await?;
+    let name = drain.metadata.name.clone().unwrap_or_default();
+    exec(&ns, &name, "drain", "kill -9 $(pidof redis-server)").await?;
+    wait_drained(&ns, 3).await?;
+    // The attempt the kill hit did not finish: the drainer ran the script again.
+    let params = LogParams {
+        container: Some("drain".into()),
+        ..LogParams::default()
+    };
+    let log = ns.api::<Pod>().logs(&name, &params).await.unwrap_or_default();
+    ensure!(
+        log.contains("attempt=2"),
+        "the drain did not run again after its Redis was killed:\n{log}"
+    );
+    assert_cluster(&ns, 3, true).await?;
+    let (acked, refused) = stop_writer(&ns).await?;
+    let read = assert_every_acked_write_readable(&ns).await?;
+    eprintln!(
+        "4 → 3, the drain's Redis killed mid-migration: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
+    );
+    Ok(())
+}
