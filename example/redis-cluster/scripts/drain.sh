@@ -149,6 +149,16 @@ for ip in $peers; do
 done
 [ -n "$targets" ] || retry "no member that stays answers"
 
+# MIGRATE needs the targets to see the cluster as ok too: a member that saw this node fail
+# (it was down) takes a moment after it is back, and refuses keys meanwhile (CLUSTERDOWN).
+for t in $targets; do
+  n=0
+  until rcli "${t#*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
+    n=$((n + 1)); [ "$n" -le 60 ] || retry "member ${t#*:} does not see the cluster as ok"
+    sleep 0.5
+  done
+done
+
 # 4. Slots an earlier attempt left MIGRATING go on to the same target first: some of their keys
 #    are there already. A target that is not among the members that stay and answer now is
 #    waited for (it holds those keys in a slot it does not own yet).
