@@ -91,6 +91,7 @@ done
 # (printing the errors) unless the node answered OK to every command: no answer at all (the node
 # is gone) is a failure too.
 send() {
+  local cmds want out got
   cmds=$(cat)
   want=$(echo "$cmds" | grep -c .)
   if [ -n "$1" ]; then out=$(echo "$cmds" | rcli "$1" 2>&1); else out=$(echo "$cmds" | cli 2>&1); fi
@@ -104,6 +105,7 @@ send() {
 # counts SLOT...: "SLOT KEYS" for each slot, as this node answers; fails unless it answers a
 # number for every slot (a node that is gone holds no keys only as far as an empty answer goes).
 counts() {
+  local out s
   out=$(for s in "$@"; do echo "CLUSTER COUNTKEYSINSLOT $s"; done | cli) || return 1
   echo "$out" | awk -v list="$*" 'BEGIN {n = split(list, sl, " ")}
     $0 !~ /^[0-9]+$/ {bad = 1} {print sl[NR], $0} END {exit bad || NR != n}'
@@ -113,7 +115,9 @@ counts() {
 # once this node answers that it holds no key of it: every key went by MIGRATE, which deletes a
 # key here only once the target has it.
 move() {
-  tid=$1 tip=$2; shift 2
+  # Local: the callers loop over their own n, s, t.
+  local tid=$1 tip=$2 c s n left keys r
+  shift 2
   for s in "$@"; do echo "CLUSTER SETSLOT $s IMPORTING $me"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s MIGRATING $tid"; done | send "" || return 1
   c=$(counts "$@") || { log "cannot count the keys of the slots"; return 1; }
@@ -152,9 +156,9 @@ done
 # MIGRATE needs the targets to see the cluster as ok too: a member that saw this node fail
 # (it was down) takes a moment after it is back, and refuses keys meanwhile (CLUSTERDOWN).
 for t in $targets; do
-  n=0
+  w=0
   until rcli "${t#*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
-    n=$((n + 1)); [ "$n" -le 60 ] || retry "member ${t#*:} does not see the cluster as ok"
+    w=$((w + 1)); [ "$w" -le 60 ] || retry "member ${t#*:} does not see the cluster as ok"
     sleep 0.5
   done
 done
