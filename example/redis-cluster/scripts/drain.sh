@@ -87,6 +87,15 @@ until [ "$(slots_of)" = 0 ] || cli cluster info | grep -q '^cluster_state:ok'; d
   sleep 0.5
 done
 
+# The slots this node serves, one per line; fails when the node does not answer (an empty
+# answer is not "no slot").
+my_slots() {
+  local view
+  view=$(cli cluster nodes) && [ -n "$view" ] || return 1
+  echo "$view" | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) {if ($i ~ /^\[/) continue;
+    n = split($i, r, "-"); if (n == 1) print r[1]; else for (s = r[1]; s <= r[2]; s++) print s}}'
+}
+
 # send HOST: runs the commands on stdin against HOST ("" for this node) in one pipeline; fails
 # (printing the errors) unless the node answered OK to every command: no answer at all (the node
 # is gone) is a failure too.
@@ -116,7 +125,7 @@ counts() {
 # key here only once the target has it.
 move() {
   # Local: the callers loop over their own n, s, t.
-  local tid=$1 tip=$2 c s n left keys r
+  local tid=$1 tip=$2 c s n left keys r mine
   shift 2
   for s in "$@"; do echo "CLUSTER SETSLOT $s IMPORTING $me"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s MIGRATING $tid"; done | send "" || return 1
@@ -139,8 +148,16 @@ move() {
   c=$(counts "$@") && [ -z "$(echo "$c" | awk '$2 != 0')" ] ||
     { log "keys are left in the slots to hand over"; return 1; }
   # Owned by the target: the target first (it bumps its epoch and tells everyone), then here.
+  # This node may refuse its own SETSLOT because it already took the target's word for it: a
+  # master whose last slot the target claimed becomes the target's replica at once ("use
+  # SETSLOT only with masters"). What counts is that it serves none of these slots any more.
   for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "$tip" || return 1
-  for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "" || return 1
+  for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "" || {
+    mine=$(my_slots) || return 1
+    [ -z "$(printf '%s\n' "$mine" | awk -v list="$*" 'BEGIN {split(list, a, " "); for (i in a) w[a[i]] = 1} w[$1]')" ] ||
+      return 1
+    log "this node had already given the slots up"
+  }
 }
 
 # The members that stay, as "ID:IP", each ID as the member itself answers it (not as this node,
@@ -155,7 +172,9 @@ done
 
 # MIGRATE needs the targets to see the cluster as ok too: a member that saw this node fail
 # (it was down) takes a moment after it is back, and refuses keys meanwhile (CLUSTERDOWN).
-for t in $targets; do
+# A node with no slot left has nothing to migrate and does not wait (see above: the cluster may
+# not be ok again until this drain ends).
+[ "$(slots_of)" = 0 ] || for t in $targets; do
   w=0
   until rcli "${t#*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
     w=$((w + 1)); [ "$w" -le 60 ] || retry "member ${t#*:} does not see the cluster as ok"
@@ -177,12 +196,8 @@ for pair in $(echo "$nodes" | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) if (
 done
 
 # 5. Every other slot, an equal share to each member that stays, in batches.
-my_slots() {
-  cli cluster nodes | awk '$3 ~ /myself/ {for (i = 9; i <= NF; i++) {if ($i ~ /^\[/) continue;
-    n = split($i, r, "-"); if (n == 1) print r[1]; else for (s = r[1]; s <= r[2]; s++) print s}}'
-}
 count=$(echo $targets | wc -w)
-slots=$(my_slots)
+slots=$(my_slots) || retry "cannot read the slots of this node"
 total=$(echo "$slots" | grep -c . || true)
 log "moving $total slots to $count members"
 share=$(( (total + count - 1) / count ))
