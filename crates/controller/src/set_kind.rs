@@ -130,6 +130,19 @@ pub fn opted_in(meta: &ObjectMeta) -> bool {
         .is_some_and(|a| a.contains_key(annotations::DRAINER_POD_TEMPLATE))
 }
 
+/// Whether a set is this controller's business: it opted in, it has drains in flight, or it
+/// still carries a status this controller wrote (one more reconcile clears it). Any other set
+/// is never reconciled: not on its own changes, not when a replica becomes the leader (which
+/// reconciles every cached set), so it costs no metric series and no periodic requeue.
+pub fn concerns_us(meta: &ObjectMeta, drains_in_flight: bool) -> bool {
+    opted_in(meta)
+        || drains_in_flight
+        || meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(annotations::STATUS))
+}
+
 /// Keeps only what reconciling needs of a set: everything of an opted-in set but its managed
 /// fields and last-applied copy; of the others, what finishing a drain in flight needs (identity,
 /// replicas, ordinals, claim template names, the status annotation).
@@ -320,6 +333,24 @@ mod tests {
     use super::*;
     use rstest::rstest;
     use serde_json::json;
+
+    #[rstest]
+    #[case::plain(&[], false, false)]
+    #[case::opted_in(&[annotations::DRAINER_POD_TEMPLATE], false, true)]
+    #[case::opted_out_with_a_drain_in_flight(&[], true, true)]
+    #[case::opted_out_with_a_status_left(&[annotations::STATUS], false, true)]
+    #[case::other_annotations_only(&["example.com/owner"], false, false)]
+    fn only_sets_that_opted_in_or_hold_something_of_ours_concern_us(
+        #[case] keys: &[&str],
+        #[case] in_flight: bool,
+        #[case] want: bool,
+    ) {
+        let meta = ObjectMeta {
+            annotations: Some(keys.iter().map(|k| (k.to_string(), "x".into())).collect()),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(concerns_us(&meta, in_flight), want);
+    }
 
     fn advanced(spec: serde_json::Value) -> AdvancedStatefulSet {
         serde_json::from_value(json!({

@@ -2,7 +2,8 @@
 //! Lease. Only the holder acts; a standby completes a drain whose leader was SIGKILLed, a leader
 //! that lost its Lease (paused past its renew deadline) never acts again while another holds it,
 //! SIGTERM releases the Lease and exits 0, and a SIGTERM whose reconcile hangs past the stop's
-//! grace drops it and leaves the Lease to expire.
+//! grace drops it and leaves the Lease to expire. A new leader leaves the sets that did not opt
+//! in alone (no metric series of theirs).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -56,7 +57,11 @@ async fn the_standby_completes_the_drain_when_the_leader_is_killed_mid_drain() -
     wait_holder(&ns, "a", T).await?;
     let b = replica(&ns.name, "b");
     start_set(&ns, &drain_set("web", "sleep 6")).await?;
+    // A set that did not opt in: the new leader reconciles every set it caches when it takes
+    // over, and must leave this one alone (no metric series, no periodic requeue).
+    start_set(&ns, &SetBuilder::new("plain").replicas(1)).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
+    wait_running(&ns, &pod_names("plain", [0])).await?;
 
     scale(&ns, "web", 2).await?;
     wait_drain_pod(&ns, "web-2", Some("Running")).await?;
@@ -76,6 +81,22 @@ async fn the_standby_completes_the_drain_when_the_leader_is_killed_mid_drain() -
     wait_pod_gone(&ns, "web-2", T).await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     ensure!(log_lines(&b.log, "this replica is the leader") == 1);
+    let metrics = reqwest::get(format!("{}/metrics", b.admin_url()))
+        .await?
+        .text()
+        .await?;
+    ensure!(
+        metrics.contains(r#"statefulset="web""#),
+        "the new leader has no series of the set it drained:\n{metrics}"
+    );
+    let plain: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.contains(r#"statefulset="plain""#))
+        .collect();
+    ensure!(
+        plain.is_empty(),
+        "the new leader reconciled a set that did not opt in: {plain:?}"
+    );
     Ok(())
 }
 

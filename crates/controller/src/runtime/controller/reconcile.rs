@@ -21,7 +21,7 @@ use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
 
 use crate::act::{ActCtx, ActError, EventSpec, Severity};
 use crate::runtime::watch;
-use crate::set_kind::{ServedSet, SetKind};
+use crate::set_kind::{self, ServedSet, SetKind};
 use crate::status::StatusReport;
 use crate::{act, plan, validate};
 
@@ -164,6 +164,14 @@ pub(super) async fn admit<K: ServedSet>(
         // Being deleted: drain pods go with the set (garbage collector), claims stay.
         debug!("statefulset is being deleted; leaving it alone");
         ctx.status.forget(&set);
+        return Ok(Err(Requeue::await_change()));
+    }
+    let in_flight = !ctx.drain_pod_index.names(&ns, &name).is_empty();
+    if !set_kind::concerns_us(&set.metadata, in_flight) {
+        // Not opted in, nothing in flight, no status of ours: reached only when a replica
+        // became the leader (which reconciles every cached set) or by a requeue of a set that
+        // has just opted out. Nothing to do until it changes: no metric series, no requeue.
+        debug!("not opted in and nothing in flight; nothing to do");
         return Ok(Err(Requeue::await_change()));
     }
     if !ctx.config.leadership.is_leading() {

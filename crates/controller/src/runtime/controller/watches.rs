@@ -398,7 +398,7 @@ pub(super) fn set_watch<K: ServedSet>(
         let draining = !in_flight
             .names(&s.namespace().unwrap_or_default(), &s.name_any())
             .is_empty();
-        future::ready(set_kind::opted_in(s.meta()) || draining)
+        future::ready(set_kind::concerns_us(s.meta(), draining))
     });
     (sets, stream, listed_rx)
 }
