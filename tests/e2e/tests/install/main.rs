@@ -411,11 +411,20 @@ async fn drains_its_namespace_only(
 async fn wait_leader(install: &Install, not: Option<&str>) -> Result<String> {
     let leases: Api<Lease> = Api::namespaced(install.client.clone(), &install.namespace);
     let holder = std::sync::Mutex::new(None);
-    let what = format!("the Lease {NAME} held by a controller pod other than {not:?}");
+    let what = format!("the Lease {NAME}* held by a controller pod other than {not:?}");
     wait_for(T, &what, || async {
+        // The overlays' Lease is NAME; the chart's is its full name (suffixed in these tests).
         let h = leases
-            .get_opt(NAME)
+            .list(&Default::default())
             .await?
+            .items
+            .into_iter()
+            .find(|l| {
+                l.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| n.starts_with(NAME))
+            })
             .and_then(|l| l.spec)
             .and_then(|s| s.holder_identity);
         let pods = install.pods().await?;
@@ -435,8 +444,19 @@ async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
     let client = admin_client().await?;
     let ns = TestNamespace::new(&client, "install-ha").await?;
     ready_set(&ns, 3).await?;
-
     let install = Install::apply("ha", None).await?;
+    runs_two_replicas_one_acting(&client, &ns, &install).await
+}
+
+/// The ha install (overlay or chart) in the cluster: least privilege with the Lease, two Ready
+/// replicas behind a PodDisruptionBudget that lets one go; the Lease holder is the one that
+/// drains, and when it is deleted another replica takes the Lease and drains the next
+/// scale-down. `ns` runs a Ready set of 3.
+async fn runs_two_replicas_one_acting(
+    client: &Client,
+    ns: &TestNamespace,
+    install: &Install,
+) -> Result<()> {
     let started = Instant::now();
     install.assert_permissions(CLUSTER_WIDE_ALLOWED, CLUSTER_WIDE_DENIED)?;
     let own = install.namespace.as_str();
@@ -468,9 +488,9 @@ async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
     .await?;
 
     // One replica holds the Lease and is the one acting.
-    let leader = wait_leader(&install, None).await?;
+    let leader = wait_leader(install, None).await?;
     eprintln!("replicas {pods:?}, leader {leader}");
-    let by = scale_down_and_drain(&ns, 2).await?;
+    let by = scale_down_and_drain(ns, 2).await?;
     ensure!(by == leader, "drained by {by}, the leader is {leader}");
 
     // The leader goes: another replica (the standby, or the pod replacing the leader, whichever
@@ -482,12 +502,12 @@ async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
         .delete(&leader, &DeleteParams::default())
         .await?;
     let deleted = Instant::now();
-    let new_leader = wait_leader(&install, Some(&leader)).await?;
+    let new_leader = wait_leader(install, Some(&leader)).await?;
     eprintln!(
         "{new_leader} took over {:?} after the leader was deleted",
         deleted.elapsed()
     );
-    let by = scale_down_and_drain(&ns, 1).await?;
+    let by = scale_down_and_drain(ns, 1).await?;
     ensure!(
         by == new_leader,
         "drained by {by}, the leader is {new_leader}"
@@ -499,6 +519,15 @@ async fn ha_install_runs_two_replicas_one_acting() -> Result<()> {
 }
 
 // --- the Helm chart in the cluster -------------------------------------------------------------
+
+#[tokio::test]
+async fn helm_ha_install_runs_two_replicas_one_acting() -> Result<()> {
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "helm-ha").await?;
+    ready_set(&ns, 3).await?;
+    let install = Install::helm("ha", &[]).await?;
+    runs_two_replicas_one_acting(&client, &ns, &install).await
+}
 
 #[tokio::test]
 async fn helm_cluster_wide_install_drains_a_scale_down_and_passes_its_test() -> Result<()> {
