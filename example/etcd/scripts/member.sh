@@ -34,7 +34,16 @@ join() {
   run --initial-cluster "$initial" --initial-cluster-state existing
 }
 
-if [ -d "$DATA/member" ]; then
+# A member has data once etcd wrote its WAL. A start that failed before that (its
+# --initial-cluster read before another new member was added: etcd refuses a list that differs
+# from the cluster's) leaves $DATA/member without a WAL: that is no data, and such a member
+# joins (the cluster lists it already, so it is not added twice).
+has_data() {
+  for f in "$DATA"/member/wal/*.wal; do [ -f "$f" ] && return 0; done
+  return 1
+}
+
+if has_data; then
   # Only a membership actually read, and not listing it, sets the data aside.
   if ep=$(live_endpoint) && list=$(members "$ep") && ours "$list" && ! lists_me "$list"; then
     log "the cluster no longer lists $NAME: setting the data of the removed member aside"

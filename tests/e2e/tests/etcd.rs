@@ -102,9 +102,42 @@ async fn wait_membership(ns: &TestNamespace, n: i32) -> Result<()> {
     .await;
     if r.is_err() {
         let now = membership(ns).await;
-        return r.with_context(|| format!("the membership is {now:?}"));
+        let raw = etcdctl(ns, "member list --consistency=l").await;
+        let logs = member_logs(ns, n).await;
+        return r.with_context(|| {
+            format!(
+                "the membership is {now:?}\nmember list: {raw:?}\nthe members' logs end:\n{logs}"
+            )
+        });
     }
     Ok(())
+}
+
+/// Of the `etcd` container's log of members `0..n` (for a failure's message): member.sh's lines
+/// (what it decided) and etcd's last few.
+async fn member_logs(ns: &TestNamespace, n: i32) -> String {
+    let pods = ns.api::<Pod>();
+    let params = LogParams {
+        container: Some("etcd".into()),
+        ..LogParams::default()
+    };
+    let mut out = String::new();
+    for name in pod_names(SET, 0..n) {
+        let log = pods
+            .logs(&name, &params)
+            .await
+            .unwrap_or_else(|e| e.to_string());
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines.len().saturating_sub(6);
+        out.push_str(&format!("--- {name}\n"));
+        for (i, line) in lines.iter().enumerate() {
+            if !line.starts_with('{') || i >= tail {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// 5 → 3: the two members leave the membership and their claims go; with member 2 frozen, a
