@@ -125,7 +125,7 @@ counts() {
 # key here only once the target has it.
 move() {
   # Local: the callers loop over their own n, s, t.
-  local tid=$1 tip=$2 c s n left keys r mine
+  local tid=$1 tip=$2 c s n left keys r
   shift 2
   for s in "$@"; do echo "CLUSTER SETSLOT $s IMPORTING $me"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s MIGRATING $tid"; done | send "" || return 1
@@ -147,17 +147,51 @@ move() {
   done
   c=$(counts "$@") && [ -z "$(echo "$c" | awk '$2 != 0')" ] ||
     { log "keys are left in the slots to hand over"; return 1; }
-  # Owned by the target: the target first (it bumps its epoch and tells everyone), then here.
-  # This node may refuse its own SETSLOT because it already took the target's word for it: a
-  # master whose last slot the target claimed becomes the target's replica at once ("use
-  # SETSLOT only with masters"). What counts is that it serves none of these slots any more.
+  # The target's claim must win over this node's wherever both are heard: its config epoch
+  # above this node's. (Equal epochs are a collision Redis settles by raising one of them; if it
+  # raised this node's while the slots were still claimed here, this stale claim would win and
+  # the target would drop the keys it took.) The target raises its epoch if it is not the
+  # highest; if it is and equals this node's, try again once Redis has settled it.
+  epoch_above_mine "$tip" || return 1
+  # Owned by the target: the target first (it tells everyone), then here. This node may refuse
+  # its own SETSLOT because it already took the target's word for it: a master whose last slot
+  # the target claimed becomes the target's replica at once ("use SETSLOT only with masters").
+  # What counts is that its own view gives every one of these slots to the target.
   for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "$tip" || return 1
   for s in "$@"; do echo "CLUSTER SETSLOT $s NODE $tid"; done | send "" || {
-    mine=$(my_slots) || return 1
-    [ -z "$(printf '%s\n' "$mine" | awk -v list="$*" 'BEGIN {split(list, a, " "); for (i in a) w[a[i]] = 1} w[$1]')" ] ||
-      return 1
-    log "this node had already given the slots up"
+    held_by "$tid" "$@" || return 1
+    log "this node had already given the slots to the target"
   }
+}
+
+# epoch_above_mine HOST: whether the node at HOST has a config epoch above this node's, after
+# asking it to raise its own (CLUSTER BUMPEPOCH) if not.
+epoch_above_mine() {
+  local theirs ours
+  ours=$(cli cluster nodes | awk '$3 ~ /myself/ {print $7}')
+  theirs=$(rcli "$1" cluster nodes | awk '$3 ~ /myself/ {print $7}')
+  case "$ours" in "" | *[!0-9]*) log "cannot read this node's epoch"; return 1 ;; esac
+  case "$theirs" in "" | *[!0-9]*) log "cannot read the epoch of $1"; return 1 ;; esac
+  [ "$theirs" -gt "$ours" ] && return 0
+  rcli "$1" cluster bumpepoch >/dev/null 2>&1 || true
+  theirs=$(rcli "$1" cluster nodes | awk '$3 ~ /myself/ {print $7}')
+  case "$theirs" in "" | *[!0-9]*) log "cannot read the epoch of $1"; return 1 ;; esac
+  [ "$theirs" -gt "$ours" ] ||
+    { log "the epoch of $1 ($theirs) is not above this node's ($ours) yet"; return 1; }
+}
+
+# held_by ID SLOT...: whether this node's view gives every one of the slots to node ID (fails
+# when the node does not answer).
+held_by() {
+  local view id
+  view=$(cli cluster nodes) && [ -n "$view" ] || return 1
+  id=$1
+  shift
+  echo "$view" | awk -v id="$id" -v list="$*" '
+    BEGIN {n = split(list, want, " ")}
+    $1 == id {for (i = 9; i <= NF; i++) {if ($i ~ /^\[/) continue
+      k = split($i, r, "-"); if (k == 1) has[r[1]] = 1; else for (s = r[1]; s <= r[2]; s++) has[s] = 1}}
+    END {for (j = 1; j <= n; j++) if (!(want[j] in has)) exit 1; exit 0}'
 }
 
 # The members that stay, as "ID:IP", each ID as the member itself answers it (not as this node,

@@ -23,11 +23,15 @@ member_ips() {
 # Starts redis-server on the claim, in cluster mode, in the background ($REDIS_PID), and waits
 # until it answers. Its identity (node ID, slots, the other nodes) is /data/nodes.conf; every
 # acknowledged write is on disk first (appendfsync always). A member that is down does not stop
-# the others from serving their slots (cluster-require-full-coverage no).
+# the others from serving their slots (cluster-require-full-coverage no). No replica ever fails
+# over (cluster-replica-no-failover): this example makes none, and a node Redis made a replica
+# (below) holds a copy that may lag its master's acknowledged writes; taking over its master's
+# slots while the master is down would lose those writes when the master comes back.
 start_redis() {
   redis-server --port "$PORT" --dir "$DATA" --cluster-enabled yes \
     --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
-    --cluster-require-full-coverage no --appendonly yes --appendfsync always --save "" \
+    --cluster-require-full-coverage no --cluster-replica-no-failover yes \
+    --appendonly yes --appendfsync always --save "" \
     --protected-mode no &
   REDIS_PID=$!
   until cli ping >/dev/null 2>&1; do
@@ -49,8 +53,10 @@ announce() {
 }
 
 # Whether this node is a replica. Nothing in this example makes replicas; Redis makes one of a
-# master that lost its last slot to another (a drain that handed over everything and was then
-# killed or cancelled): it serves no slot, and its keys are a copy of its master's.
+# master that lost its last slot to another: the usual end of a drain (its own SETSLOT of its
+# last slot, or the target's word for it reaching it first), and what a drain killed after its
+# last handover, or a cancelled one, comes back as. It serves no slot, and its keys are a copy
+# of its master's.
 is_replica() {
   cli cluster nodes | awk '$3 ~ /myself/ && $3 ~ /slave/ {r = 1} END {exit !r}'
 }

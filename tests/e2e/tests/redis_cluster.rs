@@ -160,7 +160,11 @@ async fn assert_cluster(ns: &TestNamespace, n: usize, each_serves: bool) -> Resu
         let total: usize = view.iter().map(|v| v.2).sum();
         let healthy = view.len() == n
             && view.iter().all(|(_, flags, slots)| {
-                flags.contains("master") && !flags.contains("fail") && (*slots > 0 || !each_serves)
+                // Flags are a list: `nofailover` is not `fail`.
+                let flags: Vec<&str> = flags.split(',').collect();
+                flags.contains(&"master")
+                    && !flags.iter().any(|f| *f == "fail" || *f == "fail?")
+                    && (*slots > 0 || !each_serves)
             })
             && total == 16384
             && info.contains("cluster_state:ok")
