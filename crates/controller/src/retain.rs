@@ -179,7 +179,7 @@ pub fn mark(pv: &PersistentVolume, r: &Retention<'_>) -> Result<Marking, RetainE
 /// What the sweep does with one marked volume.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SweepStep {
-    /// Not this controller's to sweep (no marks, or another namespace than the one watched).
+    /// Not this controller's to sweep (no marks, or a claim of a namespace not watched).
     Skip,
     /// Retained until then.
     Wait(Timestamp),
@@ -194,15 +194,15 @@ pub enum SweepStep {
     },
 }
 
-/// The sweep's decision for `pv` at `now`; `namespace` is the one namespace watched, if so.
-pub fn sweep_step(pv: &PersistentVolume, now: Timestamp, namespace: Option<&str>) -> SweepStep {
+/// The sweep's decision for `pv` at `now`; `namespaces` are the namespaces watched (empty:
+/// all), and a volume whose drained claim was in none of them is another controller's.
+pub fn sweep_step(pv: &PersistentVolume, now: Timestamp, namespaces: &[String]) -> SweepStep {
     if !is_marked(pv) {
         return SweepStep::Skip;
     }
     let claim = annotation(pv, retained::CLAIM).unwrap_or_default();
-    if let Some(ns) = namespace
-        && claim.split_once('/').map(|(n, _)| n) != Some(ns)
-    {
+    let claim_ns = claim.split_once('/').map(|(n, _)| n);
+    if !namespaces.is_empty() && !namespaces.iter().any(|ns| claim_ns == Some(ns.as_str())) {
         return SweepStep::Skip;
     }
     let claim_uid = annotation(pv, retained::CLAIM_UID);
@@ -346,7 +346,7 @@ mod tests {
     fn a_volume_its_owner_retains_is_left_alone_and_never_swept() {
         let pv = volume(Some(RETAIN), Some(UID));
         assert_eq!(mark(&pv, &retention()).unwrap(), Marking::KeptByOwner);
-        assert_eq!(sweep_step(&pv, Timestamp::MAX, None), SweepStep::Skip);
+        assert_eq!(sweep_step(&pv, Timestamp::MAX, &[]), SweepStep::Skip);
     }
 
     #[test]
@@ -388,8 +388,8 @@ mod tests {
         let pv = marked(&volume(Some("Delete"), Some(UID)));
         let until: Timestamp = "2026-11-27T00:00:00Z".parse().unwrap();
         let before = until - std::time::Duration::from_secs(1);
-        assert_eq!(sweep_step(&pv, before, None), SweepStep::Wait(until));
-        let SweepStep::Release { patch, .. } = sweep_step(&pv, until, None) else {
+        assert_eq!(sweep_step(&pv, before, &[]), SweepStep::Wait(until));
+        let SweepStep::Release { patch, .. } = sweep_step(&pv, until, &[]) else {
             panic!()
         };
         let released = patched(&pv, &patch);
@@ -412,7 +412,7 @@ mod tests {
             }),
         ] {
             pv.spec.as_mut().unwrap().claim_ref = claim_ref;
-            let SweepStep::Release { patch, why } = sweep_step(&pv, early, None) else {
+            let SweepStep::Release { patch, why } = sweep_step(&pv, early, &[]) else {
                 panic!()
             };
             assert!(why.starts_with("restored"));
@@ -424,13 +424,35 @@ mod tests {
     fn a_namespaced_controller_sweeps_only_its_namespace() {
         let pv = marked(&volume(Some("Delete"), Some(UID)));
         assert_eq!(
-            sweep_step(&pv, Timestamp::MAX, Some("other")),
+            sweep_step(&pv, Timestamp::MAX, &["other".into()]),
             SweepStep::Skip
         );
         assert!(matches!(
-            sweep_step(&pv, Timestamp::MAX, Some("ns")),
+            sweep_step(&pv, Timestamp::MAX, &["ns".into()]),
             SweepStep::Release { .. }
         ));
+    }
+
+    /// Watching a list of namespaces, the volumes of claims in any of them are swept, others
+    /// not; watching every namespace (an empty list), all are.
+    #[rstest::rstest]
+    #[case::first(&["ns", "b"], true)]
+    #[case::second(&["a", "ns"], true)]
+    #[case::neither(&["a", "b"], false)]
+    #[case::a_prefix_is_not_the_namespace(&["n", "ns-2"], false)]
+    #[case::all(&[], true)]
+    fn a_controller_over_several_namespaces_sweeps_theirs(
+        #[case] watched: &[&str],
+        #[case] swept: bool,
+    ) {
+        let pv = marked(&volume(Some("Delete"), Some(UID)));
+        let watched: Vec<String> = watched.iter().map(|s| (*s).to_owned()).collect();
+        let step = sweep_step(&pv, Timestamp::MAX, &watched);
+        assert_eq!(
+            matches!(step, SweepStep::Release { .. }),
+            swept,
+            "{watched:?}: {step:?}"
+        );
     }
 
     #[test]
@@ -441,7 +463,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(retained::UNTIL.into(), "soon".into());
-        assert_eq!(sweep_step(&pv, Timestamp::MAX, None), SweepStep::Skip);
+        assert_eq!(sweep_step(&pv, Timestamp::MAX, &[]), SweepStep::Skip);
     }
 
     #[test]

@@ -132,7 +132,7 @@ pub async fn run(
         tokio::spawn(crate::runtime::sweep::sweep(
             ctx.client.clone(),
             ctx.config.leadership.clone(),
-            ctx.config.namespace.clone(),
+            ctx.config.namespace.clone().into_iter().collect(),
             Arc::clone(&ctx.retained),
             FIELD_MANAGER,
         )),

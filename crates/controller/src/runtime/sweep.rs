@@ -24,10 +24,10 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(300);
 const SWEEP_RETRY: Duration = Duration::from_secs(30);
 
 /// One pass: releases the volumes whose retention is over; returns the earliest end of the
-/// others.
+/// others. Only volumes of claims in `namespaces` (empty: any namespace) are looked at.
 async fn sweep_once(
     api: &Api<PersistentVolume>,
-    namespace: Option<&str>,
+    namespaces: &[String],
     field_manager: &str,
 ) -> Result<Option<Timestamp>, kube::Error> {
     let listed = api
@@ -41,7 +41,7 @@ async fn sweep_once(
     let mut next: Option<Timestamp> = None;
     for pv in &listed.items {
         let name = pv.metadata.name.as_deref().unwrap_or_default();
-        match sweep_step(pv, now, namespace) {
+        match sweep_step(pv, now, namespaces) {
             SweepStep::Skip => {}
             SweepStep::Wait(until) => next = Some(next.map_or(until, |n| n.min(until))),
             SweepStep::Release { patch, why } => {
@@ -60,11 +60,12 @@ async fn sweep_once(
     Ok(next)
 }
 
-/// Sweeps for ever (see the module); only while this replica leads.
+/// Sweeps for ever (see the module); only while this replica leads. One sweep for the whole
+/// process, over the volumes of claims in `namespaces` (the watched ones; empty: all).
 pub async fn sweep(
     client: Client,
     leadership: Leadership,
-    namespace: Option<String>,
+    namespaces: Vec<String>,
     wake: Arc<Notify>,
     field_manager: &'static str,
 ) {
@@ -73,7 +74,7 @@ pub async fn sweep(
     loop {
         let mut wait = SWEEP_EVERY;
         if leadership.is_leading() {
-            match sweep_once(&api, namespace.as_deref(), field_manager).await {
+            match sweep_once(&api, &namespaces, field_manager).await {
                 Ok(next) => {
                     denied_reported = false;
                     if let Some(next) = next {
