@@ -11,9 +11,17 @@ use clap::Parser;
 #[derive(Clone, Debug, Parser)]
 #[command(version, about, long_about)]
 pub struct Args {
-    /// Watch and act in this namespace only (default: all namespaces).
-    #[arg(long, env = "DRAIN_CONTROLLER_NAMESPACE")]
-    pub namespace: Option<String>,
+    /// Watch and act in these namespaces only (default: all namespaces). Repeat the flag or
+    /// separate the names with commas (`--namespace a,b`; the env var takes the comma form).
+    #[arg(
+        long = "namespace",
+        env = "DRAIN_CONTROLLER_NAMESPACE",
+        value_name = "NAMESPACE",
+        value_delimiter = ',',
+        action = clap::ArgAction::Append,
+        value_parser = namespace_name,
+    )]
+    pub namespaces: Vec<String>,
     /// First delay before a failed drain is retried; doubles per failed attempt.
     #[arg(long, env = "DRAIN_CONTROLLER_RETRY_BASE_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub retry_base_delay: Duration,
@@ -90,10 +98,39 @@ pub struct Args {
     pub log_json: bool,
 }
 
+/// Parses one `--namespace` value: a namespace's name (a DNS label). An empty name (a stray
+/// comma, `--namespace a,`) or one with spaces (`a, b`) would be watched as given and match
+/// nothing, so it is refused here.
+fn namespace_name(name: &str) -> Result<String, String> {
+    let label = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if name.is_empty() {
+        return Err("an empty namespace name (a stray comma?)".to_owned());
+    }
+    if name.len() > 63 || !name.chars().all(label) || name.starts_with('-') || name.ends_with('-') {
+        return Err(format!(
+            "{name:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+        ));
+    }
+    Ok(name.to_owned())
+}
+
 /// Where the service account's namespace is mounted in a pod.
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 impl Args {
+    /// The namespaces to watch, each once (empty: all namespaces). A name given twice is an
+    /// error: each namespace is watched by a controller scope of its own, and two scopes on one
+    /// namespace would both act on its sets.
+    pub fn watched_namespaces(&self) -> Result<Vec<String>, ArgsError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for ns in &self.namespaces {
+            if !seen.insert(ns.as_str()) {
+                return Err(ArgsError::DuplicateNamespace(ns.clone()));
+            }
+        }
+        Ok(self.namespaces.clone())
+    }
+
     /// The leader-election settings, when `--leader-elect` is on.
     pub fn election(&self) -> Result<Option<crate::runtime::leader::ElectionConfig>, ArgsError> {
         if !self.leader_elect {
@@ -133,6 +170,9 @@ pub enum ArgsError {
         "--leader-elect needs the Lease's namespace: --leader-elect-namespace, POD_NAMESPACE, or a service account"
     )]
     NoLeaseNamespace,
+    /// A namespace named twice in `--namespace`.
+    #[error("--namespace names {0} twice: name each namespace once")]
+    DuplicateNamespace(String),
 }
 
 #[cfg(test)]
@@ -198,7 +238,75 @@ mod tests {
         assert_eq!(a.max_restarts, 3);
         assert_eq!(a.stop_grace, Duration::from_secs(20));
         assert_eq!(a.scale_up_wait, Duration::from_secs(300));
-        assert_eq!(a.namespace.as_deref(), Some("ns"));
+        assert_eq!(a.namespaces, ["ns"]);
+    }
+
+    /// `--namespace` repeated, comma-separated, or both; none is every namespace.
+    #[rstest::rstest]
+    #[case::none(&[], &[])]
+    #[case::one(&["--namespace", "a"], &["a"])]
+    #[case::repeated(&["--namespace", "a", "--namespace", "b"], &["a", "b"])]
+    #[case::equals_form(&["--namespace=a", "--namespace=b"], &["a", "b"])]
+    #[case::comma_separated(&["--namespace", "a,b"], &["a", "b"])]
+    #[case::both(&["--namespace", "a,b", "--namespace", "c"], &["a", "b", "c"])]
+    fn namespaces_parse(#[case] flags: &[&str], #[case] want: &[&str]) {
+        let a =
+            Args::try_parse_from(std::iter::once("x").chain(flags.iter().copied())).expect("valid");
+        assert_eq!(a.watched_namespaces().expect("no duplicates"), want);
+    }
+
+    /// A name given twice is refused, with the name.
+    #[rstest::rstest]
+    #[case::repeated(&["--namespace", "a", "--namespace", "a"])]
+    #[case::in_one_list(&["--namespace", "a,b,a"])]
+    fn a_namespace_named_twice_is_refused(#[case] flags: &[&str]) {
+        let a = Args::try_parse_from(std::iter::once("x").chain(flags.iter().copied()))
+            .expect("parses");
+        let e = a.watched_namespaces().expect_err("a duplicate");
+        assert_eq!(
+            e.to_string(),
+            "--namespace names a twice: name each namespace once"
+        );
+    }
+
+    /// An empty name (a stray comma) or one that is no namespace name is refused by clap, with
+    /// the reason.
+    #[rstest::rstest]
+    #[case::empty(&["--namespace", ""], "an empty namespace name")]
+    #[case::trailing_comma(&["--namespace", "a,"], "an empty namespace name")]
+    #[case::double_comma(&["--namespace", "a,,b"], "an empty namespace name")]
+    #[case::space(&["--namespace", "a, b"], "\" b\" is not a namespace name")]
+    #[case::upper(&["--namespace", "Shop"], "\"Shop\" is not a namespace name")]
+    fn a_bad_namespace_name_is_refused(#[case] flags: &[&str], #[case] why: &str) {
+        let e = Args::try_parse_from(std::iter::once("x").chain(flags.iter().copied()))
+            .expect_err("refused");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+
+    /// The env var takes one name or a comma-separated list. Run in a child process of this
+    /// test binary (the environment is the process's, and setting it in a test is unsafe).
+    #[test]
+    fn namespaces_from_the_env_var() {
+        const CHILD: &str = "STSD_CLI_TEST_CHILD";
+        if let Ok(want) = std::env::var(CHILD) {
+            let a = Args::try_parse_from(["x"]).expect("valid");
+            assert_eq!(a.namespaces.join(","), want);
+            return;
+        }
+        for value in ["a", "a,b", "a,b,c"] {
+            let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args(["--exact", "cli::tests::namespaces_from_the_env_var"])
+                .env("DRAIN_CONTROLLER_NAMESPACE", value)
+                .env(CHILD, value)
+                .output()
+                .expect("run the test binary");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "DRAIN_CONTROLLER_NAMESPACE={value}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     #[test]

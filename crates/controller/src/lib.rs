@@ -31,7 +31,13 @@ pub fn init_logging(filter: &str, json: bool) -> Result<(), LogError> {
 
 /// Runs the controller with these options until SIGTERM or SIGINT.
 pub async fn run(args: cli::Args) -> anyhow::Result<()> {
-    tracing::info!(version = env!("CARGO_PKG_VERSION"), namespace = ?args.namespace, "starting statefulset-drain-controller");
+    let namespaces = args.watched_namespaces()?;
+    let watching = if namespaces.is_empty() {
+        "all namespaces".to_owned()
+    } else {
+        namespaces.join(",")
+    };
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), namespaces = %watching, "starting statefulset-drain-controller");
     let client = kube::Client::try_default().await?;
     let election_config = args.election()?;
     let telemetry = runtime::controller::Telemetry::default();
@@ -59,7 +65,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
         runtime::leader::Election::leadership,
     );
     let config = runtime::controller::ControllerConfig {
-        namespace: args.namespace,
+        namespaces,
         flags: validate::Flags {
             retry_base: args.retry_base_delay,
             retry_max: args.retry_max_delay,

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tracing::info;
 
 use crate::runtime::metrics::Metrics;
@@ -19,8 +19,8 @@ use crate::set_kind::AdvancedStatefulSet;
 use cluster::status_patcher;
 use kinds::tell_kruise;
 use memory::Memory;
-use serve::{serve, serve_advanced};
-use watches::{Routes, Secondary, drive_all, gate_readiness, set_watch};
+use serve::{Discovery, discover_advanced, serve, serve_advanced};
+use watches::{Routes, Secondary, drive_all, gate_readiness, ready_when_all, set_watch};
 
 mod api;
 mod backoff;
@@ -45,13 +45,25 @@ async fn forget_gone_sets(ctx: Arc<Context>, mut gone: mpsc::UnboundedReceiver<(
     }
 }
 
+/// What every scope shares: the client, the configuration, the metrics, the wake-up of the
+/// volume sweep (one for the process) and the discovery of Advanced StatefulSets (asked once).
+/// Leadership is in the configuration: its `gained()` is a watch channel each scope subscribes
+/// to.
+#[derive(Clone)]
+struct Shared {
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    retained: Arc<Notify>,
+    discovery: Discovery,
+}
+
 impl Context {
-    /// The context of the controllers, over the caches of the sets (built-in; Advanced, once
-    /// served) and of the secondary watches.
+    /// The context of one scope's controllers, over the caches of its sets (built-in;
+    /// Advanced, once served) and of its secondary watches.
     fn new(
-        client: Client,
-        config: ControllerConfig,
-        metrics: Arc<Metrics>,
+        shared: &Shared,
+        scope: Option<String>,
         ready: tokio::sync::watch::Receiver<bool>,
         (sets, advanced): (
             Store<StatefulSet>,
@@ -63,6 +75,13 @@ impl Context {
             controller: FIELD_MANAGER.to_owned(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let Shared {
+            client,
+            config,
+            metrics,
+            retained,
+            ..
+        } = shared.clone();
         Self {
             sets,
             advanced,
@@ -80,45 +99,111 @@ impl Context {
                 Arc::clone(&metrics),
                 (config.flags.retry_base, config.flags.retry_max),
             ),
-            retained: Arc::default(),
+            retained,
             metrics,
             ready,
             config,
+            scope,
             client,
         }
     }
 }
 
+/// The scopes the controller runs: one per watched namespace, or one over all namespaces.
+fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    }
+}
+
 /// Runs the controller until `shutdown` resolves; returns how it stopped.
+///
+/// Each watched namespace gets a complete, independent scope ([`run_scope`]): its own watches,
+/// caches, context and controllers. Scopes never share a cache: kube-runtime's reflector
+/// replaces its whole store at each relist, and the metadata caches forget every object a
+/// relist did not list, so one cache fed by the watches of several namespaces would lose the
+/// others' objects at each relist of one. Shared by all: the client, the metrics, leadership,
+/// the sweep of retained volumes (over the watched namespaces) and the discovery of Advanced
+/// StatefulSets. Ready once every scope is; dropped reconciles in any scope are reported.
 pub async fn run(
     client: Client,
     config: ControllerConfig,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<Stopped, Error> {
-    let namespace = config.namespace.clone();
-    let ns = namespace.as_deref();
+    let shared = Shared {
+        discovery: discover_advanced(client.clone(), config.advanced_discovery),
+        client,
+        metrics: telemetry.metrics,
+        retained: Arc::default(),
+        config,
+    };
+    let sweep = tokio::spawn(crate::runtime::sweep::sweep(
+        shared.client.clone(),
+        shared.config.leadership.clone(),
+        shared.config.namespaces.clone(),
+        Arc::clone(&shared.retained),
+        FIELD_MANAGER,
+    ));
+    let shutdown = shutdown.shared();
+    let mut readiness = Vec::new();
+    let mut running = tokio::task::JoinSet::new();
+    for scope in scopes(&shared.config.namespaces) {
+        let (ready, ready_rx) = tokio::sync::watch::channel(false);
+        readiness.push(ready_rx);
+        running.spawn(run_scope(shared.clone(), scope, ready, shutdown.clone()));
+    }
+    let gate = tokio::spawn(ready_when_all(readiness, telemetry.ready));
+    let mut stops = Vec::new();
+    while let Some(stopped) = running.join_next().await {
+        match stopped {
+            Ok(stopped) => stops.push(stopped),
+            // A scope that panicked takes the process down, as it did before scopes.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => stops.push(Stopped::DroppedReconciles),
+        }
+    }
+    sweep.abort();
+    gate.abort();
+    info!("controller stopped");
+    Ok(Stopped::merge(stops))
+}
 
-    let (secondary, streams, released_rx) = Secondary::watch(&client, ns, &telemetry.metrics);
+/// Runs one scope, the controllers of the sets in `scope` (`None`: all namespaces), until
+/// `shutdown` resolves: the secondary watches (pods, claims) and the watch of each kind of set,
+/// their context, the routes from pods and claims to sets, and the background tasks (forgetting
+/// gone sets, telling OpenKruise of released names, the readiness gate, which sets `ready` once
+/// this scope's caches synced). Returns how it stopped.
+async fn run_scope(
+    shared: Shared,
+    scope: Option<String>,
+    ready_tx: tokio::sync::watch::Sender<bool>,
+    shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
+) -> Stopped {
+    let ns = scope.as_deref();
+    let client = &shared.client;
+    let (secondary, streams, released_rx) = Secondary::watch(client, ns, &shared.metrics);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let (sets, set_stream, sets_listed) = set_watch::<StatefulSet>(
-        &client,
+        client,
         ns,
         secondary.drain_pod_index.clone(),
         gone_tx.clone(),
     );
-    let ready = telemetry.ready.subscribe();
+    let ready = ready_tx.subscribe();
     let gate = tokio::spawn(gate_readiness(
         secondary.caches(sets_listed),
-        telemetry.ready,
+        scope.clone(),
+        ready_tx,
     ));
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
     let ctx = Arc::new(Context::new(
-        client,
-        config,
-        telemetry.metrics,
+        &shared,
+        scope.clone(),
         ready,
         (sets.clone(), Arc::clone(&advanced_sets)),
         secondary,
@@ -129,13 +214,6 @@ pub async fn run(
     let background = [
         tokio::spawn(drive_all(routes.clone(), streams)),
         tokio::spawn(forget_gone_sets(Arc::clone(&ctx), gone_rx)),
-        tokio::spawn(crate::runtime::sweep::sweep(
-            ctx.client.clone(),
-            ctx.config.leadership.clone(),
-            ctx.config.namespace.clone().into_iter().collect(),
-            Arc::clone(&ctx.retained),
-            FIELD_MANAGER,
-        )),
         tokio::spawn(tell_kruise(
             Arc::clone(&ctx),
             Arc::clone(&routes.advanced),
@@ -143,7 +221,6 @@ pub async fn run(
         )),
         gate,
     ];
-    let shutdown = shutdown.shared();
     let builtin = serve(
         Arc::clone(&ctx),
         sets,
@@ -153,20 +230,17 @@ pub async fn run(
     );
     let advanced = serve_advanced(
         Arc::clone(&ctx),
+        shared.discovery.clone(),
         routes.advanced.clone(),
         gone_tx,
         advanced_triggers,
-        shutdown.clone(),
+        shutdown,
     );
-    let stopped = match futures::join!(builtin, advanced) {
-        (Stopped::Clean, Stopped::Clean) => Stopped::Clean,
-        _ => Stopped::DroppedReconciles,
-    };
+    let (builtin, advanced) = futures::join!(builtin, advanced);
     for task in background {
         task.abort();
     }
-    info!("controller stopped");
-    Ok(stopped)
+    Stopped::merge([builtin, advanced])
 }
 
 #[cfg(test)]

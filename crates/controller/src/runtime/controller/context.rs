@@ -16,7 +16,7 @@ use super::memory::Memory;
 use crate::act::ActError;
 use crate::runtime::leader::Leadership;
 use crate::runtime::meta_cache::{Cache, ClaimEntry, PodEntry};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::metrics::{Metrics, SetLabels};
 use crate::runtime::recent::{self, Recent};
 use crate::runtime::status_writer::StatusWriter;
 use crate::runtime::watch::Index;
@@ -26,8 +26,9 @@ use crate::validate::Flags;
 /// How the controller runs.
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
-    /// Watch and act in this namespace only (`None`: all namespaces).
-    pub namespace: Option<String>,
+    /// Watch and act in these namespaces only, each by a scope of its own (empty: all
+    /// namespaces, one scope). Each name once: two scopes on one namespace would both act.
+    pub namespaces: Vec<String>,
     /// The flags that shape every set's plan.
     pub flags: Flags,
     /// Reconcile each opted-in set at least this often.
@@ -47,7 +48,7 @@ pub struct ControllerConfig {
 pub struct Telemetry {
     /// The metrics it updates.
     pub metrics: Arc<Metrics>,
-    /// Set to `true` once every watch cache synced (`/readyz`).
+    /// Set to `true` once every watch cache of every scope synced (`/readyz`).
     pub ready: tokio::sync::watch::Sender<bool>,
 }
 
@@ -99,6 +100,10 @@ pub struct Context {
     pub(super) claim_index: Index,
     pub(super) recorder: Recorder,
     pub(super) config: ControllerConfig,
+    /// The namespace this context's scope watches (`None`: all namespaces). The caches hold
+    /// this namespace only; what is shared with the other scopes (the metrics) is touched for
+    /// it only.
+    pub(super) scope: Option<String>,
     /// What is remembered per set between reconciles: backoff, unconfirmed creates, pending
     /// withdrawals, names taken by hand, dry-run reports ([`memory`]).
     pub(super) memory: Memory,
@@ -107,6 +112,7 @@ pub struct Context {
     pub(super) status: StatusWriter,
     /// The metrics.
     pub(super) metrics: Arc<Metrics>,
+    /// Whether this scope's watch caches synced.
     pub(super) ready: tokio::sync::watch::Receiver<bool>,
     /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
     pub(super) retained: Arc<tokio::sync::Notify>,
@@ -136,14 +142,18 @@ impl Context {
     /// Forgets what is kept per set (the set's [`memory`], the status memo, metric series) for
     /// the sets no longer in the caches: run when a set is deleted or the sets are relisted.
     /// Without it a deleted set's gauges show its last drains for ever, and a cluster where
-    /// sets come and go piles up entries.
+    /// sets come and go piles up entries. The metrics are shared by every scope: only the
+    /// series of this scope's namespace are looked at ([`keep_series`]).
     pub(super) fn forget_gone_sets(&self) {
         self.memory
             .forget_gone(|(kind, ns, name)| self.set_exists(Some(*kind), ns, name));
         self.status
             .retain(|ns, name| self.set_exists(None, ns, name));
-        self.metrics
-            .retain_sets(|s| self.set_exists(None, &s.namespace, &s.statefulset));
+        self.metrics.retain_sets(|s| {
+            keep_series(self.scope.as_deref(), s, |ns, name| {
+                self.set_exists(None, ns, name)
+            })
+        });
     }
 
     /// After a reconcile of a set of `kind`: if the set was deleted meanwhile, what the
@@ -163,6 +173,19 @@ impl Context {
             .map(|_| ())
             .map_err(|_| Error::CachesStopped)
     }
+}
+
+/// Whether a scope watching `scope` (`None`: every namespace) keeps the metric series of the
+/// set `s` when it forgets its gone sets: a set of another namespace is another scope's to
+/// judge (this scope's caches do not hold it), so it is kept; one of its own is kept while it
+/// `exists` (namespace, name).
+pub(super) fn keep_series(
+    scope: Option<&str>,
+    s: &SetLabels,
+    exists: impl Fn(&str, &str) -> bool,
+) -> bool {
+    let ours = scope.is_none_or(|ns| ns == s.namespace);
+    !ours || exists(&s.namespace, &s.statefulset)
 }
 
 /// Our recent writes (see [`crate::runtime::recent`]).
@@ -196,6 +219,18 @@ pub enum Stopped {
     /// so the Lease is left to expire, as after a crash, rather than released for a standby to
     /// act at once.
     DroppedReconciles,
+}
+
+impl Stopped {
+    /// How several controllers (each kind of set, each scope) stopped, together: dropped
+    /// reconciles if any dropped some (their requests may still be on their way), else clean.
+    pub fn merge(stops: impl IntoIterator<Item = Self>) -> Self {
+        if stops.into_iter().any(|s| s == Self::DroppedReconciles) {
+            Self::DroppedReconciles
+        } else {
+            Self::Clean
+        }
+    }
 }
 
 pub(super) fn set_reference(kind: SetKind, set: &StatefulSet) -> ObjectReference {

@@ -2,8 +2,11 @@
 //! ([`Stopped`]), and OpenKruise's kind served once it is discovered.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt};
+use kube::Client;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -86,31 +89,38 @@ pub(super) fn tokio_stream_from<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-/// Serves OpenKruise's Advanced StatefulSets once that kind is served (checked every
-/// `advanced_discovery`), until `stop`; [`Stopped::Clean`] if it never was.
+/// The discovery of Advanced StatefulSets ([`wait_for_advanced`]), run once for every scope:
+/// resolves once the kind is served.
+pub(super) type Discovery = Shared<BoxFuture<'static, ()>>;
+
+/// Starts asking the API server's discovery every `every` whether Advanced StatefulSets are
+/// served, once for the whole process (polled by the scopes that wait on it).
+pub(super) fn discover_advanced(client: Client, every: Duration) -> Discovery {
+    async move { wait_for_advanced(&client, every).await }
+        .boxed()
+        .shared()
+}
+
+/// Serves OpenKruise's Advanced StatefulSets of the context's scope once that kind is served
+/// (`discovery` resolves), until `stop`; [`Stopped::Clean`] if it never was.
 pub(super) async fn serve_advanced(
     ctx: Arc<Context>,
+    discovery: Discovery,
     store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     gone_tx: mpsc::UnboundedSender<()>,
     triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
     stop: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) -> Stopped {
-    let every = ctx.config.advanced_discovery;
-    let found = async {
-        wait_for_advanced(&ctx.client, every).await;
-        true
-    };
     let found = tokio::select! {
-        f = found => f,
+        () = discovery => true,
         () = stop.clone() => false,
     };
     if !found {
         return Stopped::Clean;
     }
-    let ns = ctx.config.namespace.clone();
     let (sets, stream, _) = set_watch::<AdvancedStatefulSet>(
         &ctx.client,
-        ns.as_deref(),
+        ctx.scope.as_deref(),
         ctx.drain_pod_index.clone(),
         gone_tx,
     );

@@ -1,5 +1,5 @@
-//! Tests of the pure helpers of the controller wiring: error classification and watch
-//! fingerprints.
+//! Tests of the pure helpers of the controller wiring: error classification, watch
+//! fingerprints, and how the scopes of several namespaces share the process.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,14 +13,17 @@ use kube::ResourceExt;
 use kube::core::PartialObjectMeta;
 use serde_json::json;
 
+use super::Stopped;
 use super::api::gone_or_replaced;
 use super::backoff::next_failure;
+use super::context::keep_series;
 use super::kinds::Released;
 use super::reconcile::errors_kept;
 use super::serve::halt_at_once;
 use super::snapshot::{mark_deleted, newest_claim, with_created};
-use super::watches::{drain_pod_fingerprint, set_fingerprint};
+use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
+use crate::runtime::metrics::Metrics;
 use crate::runtime::{recent, watch};
 use crate::status::StatusReport;
 use crate::{observe, plan};
@@ -661,4 +664,112 @@ fn a_reconcile_failing_during_its_backoff_does_not_double_it() {
         f = next_failure(Some(f), at).0;
     }
     assert_eq!(f.retry_at - at, s(300));
+}
+
+#[test]
+fn one_scope_per_namespace_or_one_over_all() {
+    assert_eq!(super::scopes(&[]), [None]);
+    assert_eq!(super::scopes(&["a".into()]), [Some("a".to_owned())]);
+    assert_eq!(
+        super::scopes(&["a".into(), "b".into()]),
+        [Some("a".to_owned()), Some("b".to_owned())]
+    );
+}
+
+/// The series of sets `web` in `a`, `b` and `c` (the metrics every scope shares).
+fn series_in_three_namespaces() -> Metrics {
+    use crate::plan::{self, Settings, Snapshot};
+    let m = Metrics::default();
+    let snap = Snapshot {
+        set_name: "web".into(),
+        replicas: 1,
+        ..Snapshot::default()
+    };
+    let p = plan::plan(&snap, &Settings::default(), jiff::Timestamp::now());
+    for ns in ["a", "b", "c"] {
+        m.record_reconcile(ns, "web", &p, &snap, &std::collections::BTreeSet::new());
+    }
+    m
+}
+
+fn has_series(m: &Metrics, ns: &str) -> bool {
+    m.render().contains(&format!(
+        r#"statefulset_drain_drains_in_progress{{namespace="{ns}",statefulset="web"}}"#
+    ))
+}
+
+#[test]
+fn a_scope_forgetting_its_gone_sets_keeps_the_other_namespaces_series() {
+    // Scope `a` lost its set: its caches hold no set at all, of any namespace.
+    let m = series_in_three_namespaces();
+    m.retain_sets(|s| keep_series(Some("a"), s, |_, _| false));
+    assert!(!has_series(&m, "a"), "a's gone set keeps its series");
+    assert!(
+        has_series(&m, "b") && has_series(&m, "c"),
+        "the series of b and c, the other scopes', went:\n{}",
+        m.render()
+    );
+    // Scope `b` still has its set: nothing goes.
+    m.retain_sets(|s| keep_series(Some("b"), s, |ns, name| (ns, name) == ("b", "web")));
+    assert!(has_series(&m, "b") && has_series(&m, "c"));
+}
+
+#[test]
+fn the_scope_over_all_namespaces_forgets_every_gone_set() {
+    let m = series_in_three_namespaces();
+    m.retain_sets(|s| keep_series(None, s, |ns, _| ns == "c"));
+    assert!(!has_series(&m, "a") && !has_series(&m, "b") && has_series(&m, "c"));
+}
+
+#[tokio::test]
+async fn ready_once_every_scope_is() {
+    let (a, a_rx) = tokio::sync::watch::channel(false);
+    let (b, b_rx) = tokio::sync::watch::channel(false);
+    let (ready, mut ready_rx) = tokio::sync::watch::channel(false);
+    let gate = tokio::spawn(ready_when_all(vec![a_rx, b_rx], ready));
+    let wait = Duration::from_millis(50);
+    a.send_replace(true);
+    assert!(
+        tokio::time::timeout(wait, ready_rx.wait_for(|r| *r))
+            .await
+            .is_err(),
+        "ready with b not synced"
+    );
+    b.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(5), ready_rx.wait_for(|r| *r))
+        .await
+        .expect("ready once both synced")
+        .expect("sender kept");
+    gate.await.expect("gate");
+}
+
+#[tokio::test]
+async fn never_ready_if_a_scope_stops_before_it_synced() {
+    let (a, a_rx) = tokio::sync::watch::channel(false);
+    let (b, b_rx) = tokio::sync::watch::channel(false);
+    let (ready, ready_rx) = tokio::sync::watch::channel(false);
+    let gate = tokio::spawn(ready_when_all(vec![a_rx, b_rx], ready));
+    a.send_replace(true);
+    drop(b);
+    gate.await.expect("the gate ends");
+    assert!(!*ready_rx.borrow());
+}
+
+#[tokio::test]
+async fn one_scope_over_all_namespaces_is_ready_when_it_is() {
+    let (a, a_rx) = tokio::sync::watch::channel(false);
+    let (ready, mut ready_rx) = tokio::sync::watch::channel(false);
+    let gate = tokio::spawn(ready_when_all(vec![a_rx], ready));
+    a.send_replace(true);
+    ready_rx.wait_for(|r| *r).await.expect("ready");
+    gate.await.expect("gate");
+}
+
+#[rstest::rstest]
+#[case::none(&[], Stopped::Clean)]
+#[case::all_clean(&[Stopped::Clean, Stopped::Clean, Stopped::Clean], Stopped::Clean)]
+#[case::one_dropped(&[Stopped::Clean, Stopped::DroppedReconciles, Stopped::Clean], Stopped::DroppedReconciles)]
+#[case::all_dropped(&[Stopped::DroppedReconciles, Stopped::DroppedReconciles], Stopped::DroppedReconciles)]
+fn dropped_reconciles_in_any_scope_win(#[case] stops: &[Stopped], #[case] merged: Stopped) {
+    assert_eq!(Stopped::merge(stops.iter().copied()), merged);
 }

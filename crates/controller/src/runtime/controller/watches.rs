@@ -43,8 +43,13 @@ pub(super) struct Caches {
 /// synced. The drain pod store gets exactly one waiter, this task: `Store::wait_until_ready`
 /// wakes only one of several concurrent waiters, and the kube-runtime controller waits on the
 /// StatefulSet store, so the sets' listing is seen through their watch's events instead.
-/// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness.
-pub(super) async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Sender<bool>) {
+/// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness. `scope` is the
+/// namespace the caches hold (`None`: all), for the log.
+pub(super) async fn gate_readiness(
+    caches: Caches,
+    scope: Option<String>,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
     async fn listed(mut flag: tokio::sync::watch::Receiver<bool>) -> Result<(), ()> {
         flag.wait_for(|listed| *listed)
             .await
@@ -64,7 +69,25 @@ pub(super) async fn gate_readiness(caches: Caches, ready: tokio::sync::watch::Se
         caches.claims.wait_until_ready().map(|r| r.map_err(|_| ())),
     );
     if synced.is_ok() {
-        info!("watch caches synced");
+        info!(
+            namespace = scope.as_deref().unwrap_or("(all)"),
+            "watch caches synced"
+        );
+        let _ = ready.send(true);
+    }
+}
+
+/// Flips `ready` (the process's readiness, `/readyz`) once every scope's readiness is `true`:
+/// the controller is ready only when it watches every namespace it was given. Never if a
+/// scope's readiness is dropped before.
+pub(super) async fn ready_when_all(
+    scopes: Vec<tokio::sync::watch::Receiver<bool>>,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
+    let each = scopes
+        .into_iter()
+        .map(|mut scope| async move { scope.wait_for(|r| *r).await.map(drop).map_err(drop) });
+    if futures::future::try_join_all(each).await.is_ok() {
         let _ = ready.send(true);
     }
 }
