@@ -2,7 +2,7 @@
 """Compares two renderings of the install, object by object: the chart's (helm template) and a
 kustomize overlay's (kubectl kustomize). Used by artifacts/chart/check.
 
-    compare.py NAME CHART.yaml OVERLAY.yaml
+    compare.py NAME CHART.yaml OVERLAY.yaml [--also-watch NS]...
 
 Each object is keyed by apiVersion, kind, namespace and name, and compared after normalising
 (keys sorted; YAML comments and layout do not count). Exits 1, printing a unified diff per
@@ -14,6 +14,11 @@ object, on any difference but the intended ones below, which are the only ones i
     installs into the release's namespace (`helm install -n NS --create-namespace`), and a
     Namespace in a chart would be deleted, with everything in it, by `helm uninstall`;
   - helm hooks (the `helm test` pod) are only in the chart.
+
+With --also-watch NS (repeatable), the overlay is the single-namespace one read as if it watched
+NS too, which no overlay ships (an overlay of one's own would write it, docs/install.md): every
+object it puts in its watched namespace (the one its `--namespace=` argument names: the Role and
+RoleBinding) is copied into each NS, and the argument becomes `--namespace=WATCHED,NS,...`.
 """
 import difflib
 import json
@@ -65,6 +70,32 @@ def load(path, chart):
     return out
 
 
+def also_watch(overlay, extra):
+    """The single-namespace overlay's objects, watching `extra` namespaces too."""
+    deployments = [d for (api, kind, _, _), d in overlay.items() if kind == "Deployment"]
+    if len(deployments) != 1:
+        sys.exit(f"compare.py: --also-watch needs one Deployment, the overlay has {len(deployments)}")
+    args = deployments[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = [i for i, a in enumerate(args) if a.startswith("--namespace=")]
+    if len(flags) != 1:
+        sys.exit(f"compare.py: --also-watch needs one --namespace= argument in the overlay: {args}")
+    watched = args[flags[0]].split("=", 1)[1]
+    args[flags[0]] = "--namespace=" + ",".join([watched, *extra])
+    out = dict(overlay)
+    copied = [(k, d) for k, d in overlay.items() if k[2] == watched]
+    if not copied:
+        sys.exit(f"compare.py: the overlay puts nothing in its watched namespace {watched}")
+    for ns in extra:
+        for (api, kind, _, name), d in copied:
+            c = json.loads(json.dumps(d))
+            c["metadata"]["namespace"] = ns
+            key = (api, kind, ns, name)
+            if key in out:
+                sys.exit(f"compare.py: --also-watch {ns}: {key} twice")
+            out[key] = c
+    return out
+
+
 def show(key):
     api, kind, ns, name = key
     return f"{kind} {ns + '/' if ns else ''}{name} ({api})"
@@ -72,8 +103,17 @@ def show(key):
 
 def main():
     name, chart_path, overlay_path = sys.argv[1:4]
+    rest = sys.argv[4:]
+    extra = []
+    while rest:
+        if rest[0] != "--also-watch" or len(rest) < 2:
+            sys.exit(f"compare.py: unexpected arguments {rest}")
+        extra.append(rest[1])
+        rest = rest[2:]
     chart = load(chart_path, chart=True)
     overlay = load(overlay_path, chart=False)
+    if extra:
+        overlay = also_watch(overlay, extra)
     bad = 0
     for key in sorted(set(chart) | set(overlay)):
         if key not in overlay:

@@ -15,13 +15,10 @@ RELEASE-controller, so the release statefulset-drain gets the overlays' names.
 {{- end -}}
 
 {{/*
-The watched namespace, or "" for every namespace.
+The watched namespaces, comma-separated as --namespace takes them, or "" for every namespace.
 */}}
-{{- define "statefulset-drain.watchNamespace" -}}
-{{- if gt (len .Values.watchNamespaces) 1 -}}
-{{- fail "watchNamespaces: the controller watches one namespace or all of them ([]); for several, install it cluster-wide" -}}
-{{- end -}}
-{{- first .Values.watchNamespaces | default "" -}}
+{{- define "statefulset-drain.watchNamespaces" -}}
+{{- join "," .Values.watchNamespaces -}}
 {{- end -}}
 
 {{/*
@@ -51,7 +48,8 @@ The labels of the objects that carry the overlays' app label (Deployment, Servic
 {{- end -}}
 
 {{/*
-The controller's rules, the same for the ClusterRole (every namespace) and the Role (one).
+The controller's rules, the same for the ClusterRole (every namespace) and the Role (in each
+watched namespace).
 Kept in step with artifacts/overlays/cluster-wide/rbac.yaml by artifacts/chart/check.
 */}}
 {{- define "statefulset-drain.rules" -}}
