@@ -6,7 +6,7 @@
 //! replicas of which only the Lease holder acts, and another takes over when it goes. The Helm
 //! chart (`artifacts/chart/statefulset-drain`, checked against the overlays by
 //! `artifacts/chart/check`) installs cluster-wide (and passes `helm test`) and watching one
-//! namespace, drains as the overlays do, and an upgrade or an uninstall in the middle of a drain
+//! namespace or two (one controller, a Role in each), drains as the overlays do, and an upgrade or an uninstall in the middle of a drain
 //! loses nothing.
 //!
 //! Each in-cluster install goes into a namespace of its own with its names suffixed (an overlay
@@ -336,30 +336,36 @@ async fn single_namespace_install_drains_its_namespace_only() -> Result<()> {
 
     let install = Install::apply("single-namespace", Some(&watched.name)).await?;
     let started = Instant::now();
-    drains_its_namespace_only(&install, &watched, &other).await?;
+    drains_its_namespaces_only(&install, &[&watched], &other).await?;
     eprintln!("single-namespace install up for {:?}", started.elapsed());
     Ok(())
 }
 
-/// What a single-namespace install (the overlay, or the chart watching one namespace) may do,
-/// and that it drains a scale-down in `watched` and leaves `other` alone.
-async fn drains_its_namespace_only(
+/// What a namespaced install (the overlay, or the chart watching one namespace or several) may
+/// do, and that it drains a scale-down in each of `watched` (the one controller pod drains them
+/// all) and leaves `other` alone.
+async fn drains_its_namespaces_only(
     install: &Install,
-    watched: &TestNamespace,
+    watched: &[&TestNamespace],
     other: &TestNamespace,
 ) -> Result<()> {
-    // Its service account may do what the controller needs in the watched namespace and
+    // Its service account may do what the controller needs in each watched namespace and
     // nothing anywhere else: no cluster-scoped permission but reading and patching volumes.
-    let (w, o) = (watched.name.as_str(), other.name.as_str());
+    let o = other.name.as_str();
+    let mut allowed: Vec<Vec<&str>> = vec![vec!["patch", "persistentvolumes"]];
+    for w in watched {
+        let w = w.name.as_str();
+        allowed.extend([
+            vec!["list", "statefulsets", "-n", w],
+            vec!["watch", "pods", "-n", w],
+            vec!["create", "pods", "-n", w],
+            vec!["delete", "persistentvolumeclaims", "-n", w],
+            vec!["create", "events.events.k8s.io", "-n", w],
+        ]);
+    }
+    let allowed: Vec<&[&str]> = allowed.iter().map(Vec::as_slice).collect();
     install.assert_permissions(
-        &[
-            &["list", "statefulsets", "-n", w],
-            &["watch", "pods", "-n", w],
-            &["create", "pods", "-n", w],
-            &["delete", "persistentvolumeclaims", "-n", w],
-            &["create", "events.events.k8s.io", "-n", w],
-            &["patch", "persistentvolumes"],
-        ],
+        &allowed,
         &[
             &["list", "statefulsets", "--all-namespaces"],
             &["watch", "pods", "--all-namespaces"],
@@ -383,12 +389,19 @@ async fn drains_its_namespace_only(
         String::from_utf8_lossy(&denied.stderr)
     );
 
+    // Ready only once the watches of every watched namespace synced.
     let pods = install.wait_ready(1).await?;
     install.assert_admin_port().await?;
     scale(other, "web", 1).await?;
-    let by = scale_down_and_drain(watched, 1).await?;
-    ensure!(pods == [by.clone()], "drained by {by}, not {pods:?}");
-    // The other namespace's scale-down, older than the drain just seen, is left alone.
+    for w in watched {
+        let by = scale_down_and_drain(w, 1).await?;
+        ensure!(
+            pods == [by.clone()],
+            "{}: drained by {by}, not {pods:?}",
+            w.name
+        );
+    }
+    // The other namespace's scale-down, older than the drains just seen, is left alone.
     hold(
         Duration::from_secs(3),
         "the other namespace untouched",
@@ -591,7 +604,86 @@ async fn helm_namespaced_install_drains_its_namespace_only() -> Result<()> {
         cluster_roles == 1,
         "{cluster_roles} ClusterRoles:\n{manifest}"
     );
-    drains_its_namespace_only(&install, &watched, &other).await
+    drains_its_namespaces_only(&install, &[&watched], &other).await
+}
+
+/// The chart watching two namespaces (`watchNamespaces: [a, b]`): a Role and RoleBinding in
+/// each and nothing cluster-scoped for the sets, `--namespace=a,b`, and the one controller pod
+/// drains a scale-down in each and leaves a third namespace alone.
+#[tokio::test]
+async fn helm_install_watching_two_namespaces_drains_them_only() -> Result<()> {
+    let client = admin_client().await?;
+    let a = TestNamespace::new(&client, "helm-two-a").await?;
+    let b = TestNamespace::new(&client, "helm-two-b").await?;
+    let other = TestNamespace::new(&client, "helm-two-other").await?;
+    for ns in [&a, &b, &other] {
+        ready_set(ns, 2).await?;
+    }
+
+    let both = format!(r#"watchNamespaces=["{}","{}"]"#, a.name, b.name);
+    let install = Install::helm("two-namespaces", &["--set-json", &both]).await?;
+    let release = install.release().context("a Helm install")?;
+    let manifest = install.helm_ok(&[
+        "get",
+        "manifest",
+        release,
+        "--namespace",
+        &install.namespace,
+    ])?;
+    let objects: Vec<serde_json::Value> = manifest_objects(&manifest)?;
+    // A Role and a RoleBinding in each watched namespace; the only cluster-scoped objects are
+    // the volumes' ClusterRole and its binding.
+    let placed = |kind: &str| -> BTreeSet<String> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .map(|o| o["metadata"]["namespace"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    let watched: BTreeSet<String> = [a.name.clone(), b.name.clone()].into();
+    for kind in ["Role", "RoleBinding"] {
+        ensure!(placed(kind) == watched, "{kind}s in {:?}", placed(kind));
+    }
+    let mut cluster_scoped = cluster_scoped(&objects);
+    cluster_scoped.sort();
+    let volumes = format!("{NAME}{}-volumes", install.suffix);
+    ensure!(
+        cluster_scoped
+            == [
+                format!("ClusterRole {volumes}"),
+                format!("ClusterRoleBinding {volumes}")
+            ],
+        "cluster-scoped objects {cluster_scoped:?}"
+    );
+    let deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .context("the Deployment")?;
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    let namespace_args: Vec<&str> = args
+        .as_array()
+        .context("args")?
+        .iter()
+        .filter_map(|a| a.as_str())
+        .filter(|a| a.starts_with("--namespace"))
+        .collect();
+    ensure!(
+        namespace_args == [format!("--namespace={},{}", a.name, b.name)],
+        "{namespace_args:?}"
+    );
+    drains_its_namespaces_only(&install, &[&a, &b], &other).await
+}
+
+/// The objects of a multi-document YAML text (`helm get manifest`), as JSON values.
+fn manifest_objects(text: &str) -> Result<Vec<serde_json::Value>> {
+    let out = kubectl_ok(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        Some(text),
+    )?;
+    serde_json::Deserializer::from_str(&out)
+        .into_iter::<serde_json::Value>()
+        .collect::<Result<_, _>>()
+        .context("kubectl create -o json")
 }
 
 /// The drain of `web-<ordinal>` as [`ready_set`]'s, but held until `/data/release` exists (the
