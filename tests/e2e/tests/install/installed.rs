@@ -2,7 +2,8 @@
 //! and what the tests ask of it: its pods, logs, admin port and permissions.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -37,6 +38,46 @@ fn helm_binary() -> Result<PathBuf> {
         .last()
         .context("tests/cluster/helm printed no path")?;
     Ok(PathBuf::from(path.trim()))
+}
+
+/// The chart's previous release: the chart as it was before its version last changed, and the
+/// image of the controller built from the same commit (`tests/cluster/previous-release`).
+pub struct PreviousRelease {
+    /// Its chart version.
+    pub version: String,
+    /// Its chart's directory.
+    pub chart: PathBuf,
+    /// Its controller image, `repository:tag`.
+    pub image: String,
+}
+
+impl PreviousRelease {
+    /// Runs `tests/cluster/previous-release` (builds the previous controller once, then cached;
+    /// imports its image into the node).
+    pub fn get() -> Result<Self> {
+        let out = std::process::Command::new(repo_root().join("tests/cluster/previous-release"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .context("run tests/cluster/previous-release")?;
+        ensure!(out.status.success(), "tests/cluster/previous-release failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let field = |key: &str| -> Result<String> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .map(str::to_owned)
+                .with_context(|| format!("tests/cluster/previous-release printed no {key}: {text}"))
+        };
+        Ok(Self {
+            version: field("version")?,
+            chart: PathBuf::from(field("chart")?),
+            image: field("image")?,
+        })
+    }
+
+    /// The tag of its controller image.
+    pub fn tag(&self) -> &str {
+        self.image.rsplit_once(':').map_or("", |(_, t)| t)
+    }
 }
 
 /// The label of the controller's pods.
@@ -190,10 +231,16 @@ impl Install {
     /// its names suffixed as [`Install::apply`]'s are (`fullnameOverride`), its image the one
     /// `tests/cluster/images` built, `helm test`'s image busybox from the node.
     pub async fn helm(values: &'static str, extra: &[&str]) -> Result<Self> {
+        assert_image_fresh()?;
+        Self::helm_chart(&chart_dir(), values, extra).await
+    }
+
+    /// As [`Install::helm`], of the chart in `chart` (the previous release's, for one) with its
+    /// own `ci/<values>-values.yaml`; its image is the values' unless `extra` sets another.
+    pub async fn helm_chart(chart: &Path, values: &'static str, extra: &[&str]) -> Result<Self> {
         let lock = ONE_INSTALL_AT_A_TIME.lock().await;
         let client = admin_client().await?;
         refuse_running_installs(&client).await?;
-        assert_image_fresh()?;
         let id = unique();
         let namespace = format!("e2e-sys-helm-{id}");
         let suffix = format!("-e2e-{id}");
@@ -209,27 +256,56 @@ impl Install {
             _scratch: Scratch::new("helm")?,
             _one_at_a_time: lock,
         };
-        let values_file = chart_dir().join(format!("ci/{values}-values.yaml"));
-        let fullname = format!("{NAME}{}", install.suffix);
         eprintln!(
-            "installing the chart ({values}) into {} as {release}",
+            "installing the chart {} ({values}) into {} as {release}",
+            chart.display(),
             install.namespace
         );
         let mut args = vec![
             "install".to_owned(),
             release,
-            chart_dir().display().to_string(),
+            chart.display().to_string(),
             "--namespace".to_owned(),
             install.namespace.clone(),
             "--create-namespace".to_owned(),
-            "--wait".to_owned(),
-            "--timeout".to_owned(),
-            "3m".to_owned(),
-            "--values".to_owned(),
-            values_file.display().to_string(),
         ];
+        args.extend(install.helm_values(chart, values));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        install.helm_ok(&args)?;
+        Ok(install)
+    }
+
+    /// `helm upgrade --wait` of the release to the chart in `chart` with its own
+    /// `ci/<values>-values.yaml` and the settings of [`Install::helm_chart`], and `extra`.
+    pub fn helm_upgrade(&self, chart: &Path, values: &str, extra: &[&str]) -> Result<String> {
+        let release = self.release().context("not a Helm install")?;
+        let mut args = vec![
+            "upgrade".to_owned(),
+            release.to_owned(),
+            chart.display().to_string(),
+            "--namespace".to_owned(),
+            self.namespace.clone(),
+        ];
+        args.extend(self.helm_values(chart, values));
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        self.helm_ok(&args)
+    }
+
+    /// The arguments an install and an upgrade share: wait, the values file, the names
+    /// suffixed, the node's images.
+    fn helm_values(&self, chart: &Path, values: &str) -> Vec<String> {
+        let values_file = chart.join(format!("ci/{values}-values.yaml"));
+        let mut args: Vec<String> = [
+            "--wait",
+            "--timeout",
+            "3m",
+            "--values",
+            &values_file.display().to_string(),
+        ]
+        .map(str::to_owned)
+        .into();
         for set in [
-            format!("fullnameOverride={fullname}"),
+            format!("fullnameOverride={NAME}{}", self.suffix),
             "image.pullPolicy=Never".to_owned(),
             "test.image.repository=statefulset-drain.local/drainer-hook".to_owned(),
             "test.image.tag=test".to_owned(),
@@ -237,9 +313,18 @@ impl Install {
         ] {
             args.extend(["--set".to_owned(), set]);
         }
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        install.helm_ok(&args)?;
-        Ok(install)
+        args
+    }
+
+    /// The images of the controller pods' containers.
+    pub async fn images(&self) -> Result<BTreeSet<String>> {
+        Ok(self
+            .pods()
+            .await?
+            .iter()
+            .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
+            .filter_map(|c| c.image.clone())
+            .collect())
     }
 
     /// The release's name (`None` for a kustomize install).

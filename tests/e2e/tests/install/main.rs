@@ -793,3 +793,135 @@ async fn helm_upgrade_keeps_a_drain_in_flight_and_uninstall_keeps_the_data() -> 
     again.assert_nothing_forbidden()?;
     Ok(())
 }
+
+/// `helm upgrade` from the chart's previous release, running the controller built from that
+/// release's commit, to this chart and image, while a drain is in flight and a set that did
+/// not opt in has been scaled down: the drain pod the previous controller made is the one that
+/// finishes (no second one, no retry), its claim goes only after it finished, and every other
+/// claim (the set's live pods', the other set's orphaned one) stays.
+#[tokio::test]
+async fn helm_upgrade_from_the_previous_release_keeps_a_drain_in_flight_and_deletes_nothing_else()
+-> Result<()> {
+    let previous = installed::PreviousRelease::get()?;
+    let client = admin_client().await?;
+    let ns = TestNamespace::new(&client, "helm-previous").await?;
+    let set = SetBuilder::new("web").replicas(3).parallel().annotation(
+        DRAINER_POD_TEMPLATE,
+        drain_template(HELD_DRAIN, &["data"], json!({"restartPolicy": "Never"})),
+    );
+    start_set(&ns, &set).await?;
+    start_set(&ns, &SetBuilder::new("plain").replicas(2).parallel()).await?;
+    let mut live = pod_names("web", 0..3);
+    live.extend(pod_names("plain", 0..2));
+    wait_running(&ns, &live).await?;
+
+    let tag = format!("image.tag={}", previous.tag());
+    let install =
+        Install::helm_chart(&previous.chart, "cluster-wide", &["--set", tag.as_str()]).await?;
+    let before = install.wait_ready(1).await?;
+    ensure!(
+        install.images().await? == BTreeSet::from([previous.image.clone()]),
+        "the previous release runs {:?}, not {}",
+        install.images().await?,
+        previous.image
+    );
+
+    // A drain in flight under the previous release, and a set that did not opt in scaled down.
+    scale(&ns, "web", 2).await?;
+    scale(&ns, "plain", 1).await?;
+    let uid = held_drain_pod(&ns, 2).await?;
+    wait_pod_gone(&ns, "plain-1", T).await?;
+    install.helm_upgrade(&chart_dir(), "cluster-wide", &[])?;
+    let after = install.wait_ready(1).await?;
+    ensure!(
+        before != after,
+        "the upgrade did not replace the controller's pod ({before:?})"
+    );
+    let current = current_image()?;
+    ensure!(
+        install.images().await? == BTreeSet::from([current.clone()]),
+        "after the upgrade the controller runs {:?}, not {current}",
+        install.images().await?
+    );
+    let history = install.helm_ok(&[
+        "history",
+        install.release().context("a Helm install")?,
+        "--namespace",
+        &install.namespace,
+        "-o",
+        "json",
+    ])?;
+    let charts: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&history)?
+        .iter()
+        .filter_map(|r| r["chart"].as_str().map(str::to_owned))
+        .collect();
+    let this = format!("statefulset-drain-{}", chart_version()?);
+    ensure!(
+        charts == [format!("statefulset-drain-{}", previous.version), this.clone()],
+        "helm history: {charts:?}, expected the previous release then {this}"
+    );
+
+    // The new controller takes the drain over: the same pod, nothing deleted meanwhile.
+    let everything = ["data-web-0", "data-web-1", "data-web-2", "data-plain-0", "data-plain-1"];
+    hold(
+        Duration::from_secs(5),
+        "every claim and the drain pod kept across the upgrade",
+        || async {
+            assert_claims_kept(&ns, &everything).await?;
+            let pods = drain_pods(&ns).await?;
+            ensure!(
+                pods.iter()
+                    .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str())),
+                "the drain pod of web-2 ({uid}) is gone: {:?}",
+                pods.iter().map(|p| &p.metadata.uid).collect::<Vec<_>>()
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    exec(&ns, "web-2", "drain", "touch /data/release").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_ordinal_state(&ns, "web", 2, "done").await?;
+    assert_claims_kept(&ns, &everything[..2]).await?;
+    assert_claims_kept(&ns, &everything[3..]).await?;
+    let on_set = |v: Vec<String>| -> Vec<String> {
+        v.into_iter().filter(|m| m.starts_with("web: ")).collect()
+    };
+    let created = on_set(events(&ns, "DrainPodCreated").await?);
+    let retried = on_set(events(&ns, "DrainRetrying").await?);
+    ensure!(
+        created.iter().filter(|m| m.contains("web-2")).count() == 1 && retried.is_empty(),
+        "one drain pod for web-2 expected (pod {uid}): created {created:?}, retried {retried:?}"
+    );
+    install.assert_nothing_forbidden()?;
+    Ok(())
+}
+
+/// The `version:` of this chart's Chart.yaml.
+fn chart_version() -> Result<String> {
+    let text = std::fs::read_to_string(chart_dir().join("Chart.yaml"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("version:"))
+        .map(|v| v.trim().to_owned())
+        .context("Chart.yaml has no version")
+}
+
+/// The controller image this chart's values name, `repository:tag` of `image:` in values.yaml
+/// (`tests/cluster/images` builds it).
+fn current_image() -> Result<String> {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml"))?;
+    let image: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "image:")
+        .skip(1)
+        .take_while(|l| l.starts_with(' ') || l.is_empty())
+        .collect();
+    let value = |key: &str| {
+        image
+            .iter()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .map(|v| v.trim().to_owned())
+            .with_context(|| format!("no image.{key} in values.yaml"))
+    };
+    Ok(format!("{}:{}", value("repository:")?, value("tag:")?))
+}
