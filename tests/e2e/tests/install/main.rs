@@ -6,8 +6,9 @@
 //! replicas of which only the Lease holder acts, and another takes over when it goes. The Helm
 //! chart (`artifacts/chart/statefulset-drain`, checked against the overlays by
 //! `artifacts/chart/check`) installs cluster-wide (and passes `helm test`) and watching one
-//! namespace or two (one controller, a Role in each), drains as the overlays do, and an upgrade or an uninstall in the middle of a drain
-//! loses nothing.
+//! namespace or two (one controller, a Role in each), drains as the overlays do, and an upgrade
+//! (from this chart, and from the previous release's chart and controller) or an uninstall in
+//! the middle of a drain loses nothing.
 //!
 //! Each in-cluster install goes into a namespace of its own with its names suffixed (an overlay
 //! of the test's on top of the shipped one, as a user would write), so a user's install
