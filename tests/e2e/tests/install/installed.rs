@@ -1,8 +1,8 @@
 //! The controller installed in the cluster from an overlay, as a guard that removes it again,
 //! and what the tests ask of it: its pods, logs, admin port and permissions.
 
-use std::io::Write;
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -59,7 +59,10 @@ impl PreviousRelease {
             .stderr(std::process::Stdio::inherit())
             .output()
             .context("run tests/cluster/previous-release")?;
-        ensure!(out.status.success(), "tests/cluster/previous-release failed");
+        ensure!(
+            out.status.success(),
+            "tests/cluster/previous-release failed"
+        );
         let text = String::from_utf8_lossy(&out.stdout);
         let field = |key: &str| -> Result<String> {
             text.lines()
@@ -354,6 +357,16 @@ impl Install {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `helm COMMAND... RELEASE --namespace NAMESPACE ARGS...` of this release (`get
+    /// manifest`, `history`): its stdout.
+    pub fn helm_of_release(&self, command: &[&str], args: &[&str]) -> Result<String> {
+        let release = self.release().context("not a Helm install")?;
+        let mut all: Vec<&str> = command.to_vec();
+        all.extend([release, "--namespace", &self.namespace]);
+        all.extend(args);
+        self.helm_ok(&all)
     }
 
     /// `system:serviceaccount:<namespace>:<name>`, the controller's identity.

@@ -580,14 +580,7 @@ async fn helm_namespaced_install_drains_its_namespace_only() -> Result<()> {
     let only = format!(r#"watchNamespaces=["{}"]"#, watched.name);
     let install = Install::helm("namespaced", &["--set-json", &only]).await?;
     // Its only cluster-scoped objects: the volumes' ClusterRole and its binding.
-    let release = install.release().context("a Helm install")?;
-    let manifest = install.helm_ok(&[
-        "get",
-        "manifest",
-        release,
-        "--namespace",
-        &install.namespace,
-    ])?;
+    let manifest = install.helm_of_release(&["get", "manifest"], &[])?;
     let kinds: BTreeSet<&str> = manifest
         .lines()
         .filter_map(|l| l.strip_prefix("kind: "))
@@ -623,14 +616,7 @@ async fn helm_install_watching_two_namespaces_drains_them_only() -> Result<()> {
 
     let both = format!(r#"watchNamespaces=["{}","{}"]"#, a.name, b.name);
     let install = Install::helm("two-namespaces", &["--set-json", &both]).await?;
-    let release = install.release().context("a Helm install")?;
-    let manifest = install.helm_ok(&[
-        "get",
-        "manifest",
-        release,
-        "--namespace",
-        &install.namespace,
-    ])?;
+    let manifest = install.helm_of_release(&["get", "manifest"], &[])?;
     let objects: Vec<serde_json::Value> = manifest_objects(&manifest)?;
     // A Role and a RoleBinding in each watched namespace; the only cluster-scoped objects are
     // the volumes' ClusterRole and its binding.
@@ -844,26 +830,29 @@ async fn helm_upgrade_from_the_previous_release_keeps_a_drain_in_flight_and_dele
         "after the upgrade the controller runs {:?}, not {current}",
         install.images().await?
     );
-    let history = install.helm_ok(&[
-        "history",
-        install.release().context("a Helm install")?,
-        "--namespace",
-        &install.namespace,
-        "-o",
-        "json",
-    ])?;
+    let history = install.helm_of_release(&["history"], &["-o", "json"])?;
     let charts: Vec<String> = serde_json::from_str::<Vec<serde_json::Value>>(&history)?
         .iter()
         .filter_map(|r| r["chart"].as_str().map(str::to_owned))
         .collect();
     let this = format!("statefulset-drain-{}", chart_version()?);
     ensure!(
-        charts == [format!("statefulset-drain-{}", previous.version), this.clone()],
+        charts
+            == [
+                format!("statefulset-drain-{}", previous.version),
+                this.clone()
+            ],
         "helm history: {charts:?}, expected the previous release then {this}"
     );
 
     // The new controller takes the drain over: the same pod, nothing deleted meanwhile.
-    let everything = ["data-web-0", "data-web-1", "data-web-2", "data-plain-0", "data-plain-1"];
+    let everything = [
+        "data-web-0",
+        "data-web-1",
+        "data-web-2",
+        "data-plain-0",
+        "data-plain-1",
+    ];
     hold(
         Duration::from_secs(5),
         "every claim and the drain pod kept across the upgrade",
