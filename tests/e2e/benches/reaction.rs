@@ -1,110 +1,342 @@
-//! Reaction latency of the controller on the real local cluster, next to a baseline measured in
-//! the same run (issue 10). Not a test: it prints figures and writes them to
+//! Reaction latency of the controller on the real local cluster, side by side with a floor
+//! measured in the same run (issue 27). Not a test: it prints figures and writes them to
 //! `tests/bench/results/reaction.txt`.
 //!
-//! All times come from this program's own watch of the namespace, so both sides of each
-//! interval are seen the same way:
+//! Three Parallel sets of `STSD_BENCH_REPLICAS` (10), alike but for who drains them, each in
+//! a namespace of its own: the controller drains one (opted in); the floor
+//! ([`common::floor`], a minimal drain controller this program runs with a client of its own)
+//! the second; the 2018 proof of concept ([`common::poc`], `tests/bench/poc`, its own
+//! annotation) the third, as the peer. They take turns, one cycle each, the side that goes
+//! first rotating, so none ever reacts to another's events or queues behind its writes, and
+//! all see the same background load. The cycles, in a fixed shuffled order:
+//! - **bursts** (`STSD_BENCH_BURSTS`, 40 per side): the set scaled to 0, 10 drains at once;
+//! - **singles** (`STSD_BENCH_SINGLES`, 100 per side): one pod removed (scaled down by one);
+//! - **after idle** (`STSD_BENCH_IDLE_CYCLES`, 3 per side): a single after
+//!   `STSD_BENCH_IDLE_SECS` (100) of quiet, longer than the idle timeout of the clients'
+//!   pooled connections (90 s), so a reaction that needs a new connection shows.
+//!
+//! Every cycle ends with the set scaled back up and every pod Running. All times come from this
+//! program's own watches of the two namespaces, the same way for both sides:
 //! - **pod gone → drain pod created**: a stateful pod's Deleted event → the Added event of the
 //!   drain pod of that name;
-//! - **drain succeeded → claims deleted**: the drain pod's first event in phase Succeeded → the
-//!   first event of its claim with a deletion timestamp;
-//! - **baseline, bare watch latency**: a ConfigMap create request sent → its Added event, 100
-//!   of them one after the other before the drains, and one every 100 ms during the drain
-//!   cycles (the same load as the drains: the node stopping and starting pods);
-//! - **baseline, a pod written**: the same for a Pod (never scheduled, deleted once seen), the
-//!   kind of write a reaction makes;
-//! - **floor, a minimal reactor**: this program creating a probe pod the instant it sees each
-//!   stateful pod's Deleted event, alongside the controller: the stateful pod's Deleted event
-//!   → the probe's Added event. The least any controller's reaction costs at that instant (the
-//!   node is tearing the pod down then), with nothing read, confirmed or recorded.
+//! - **drain finished → claim deleted**: the drain pod's first event that shows its program
+//!   finished well (every container terminated with 0, or the phase Succeeded) → the first
+//!   event of its claim with a deletion timestamp;
+//! - **bare watch latency** (the baseline of the floor itself): a ConfigMap create request
+//!   sent → its Added event, 100 before the cycles and one every 500 ms during them (one write
+//!   each, little load of its own); and a Pod the same way, 100 before the cycles.
 //!
-//! Drains: a Parallel set of `STSD_BENCH_REPLICAS` (10) scaled to 0 and back,
-//! `STSD_BENCH_CYCLES` (10) times: 100 drains by default. Run by `tests/bench/run`.
+//! Run by `tests/bench/run`.
 
+#[allow(dead_code)] // each bench uses a part of what they share
 mod common;
 
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
+use common::floor::Floor;
+use common::poc::{self, Poc};
 use common::*;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use drain_api::labels::DRAIN_POD;
+use e2e::objects::drain_template_without_record;
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
-use e2e::{ControllerProcess, TestNamespace, client};
+use e2e::{ControllerProcess, TestNamespace, client, wait_for};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::ListParams;
 use serde_json::json;
+
+/// One cycle of one side.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cycle {
+    /// The set scaled to 0.
+    Burst,
+    /// The set scaled down by one.
+    Single,
+    /// As `Single`, after an idle period.
+    AfterIdle,
+}
+
+/// The samples of one side, by kind of cycle.
+#[derive(Default)]
+struct Samples {
+    reactions: Vec<(Cycle, Duration)>,
+    cleanups: Vec<(Cycle, Duration)>,
+}
+
+impl Samples {
+    fn reactions(&self, of: &[Cycle]) -> Vec<Duration> {
+        pick(&self.reactions, of)
+    }
+    fn cleanups(&self, of: &[Cycle]) -> Vec<Duration> {
+        pick(&self.cleanups, of)
+    }
+}
+
+fn pick(samples: &[(Cycle, Duration)], of: &[Cycle]) -> Vec<Duration> {
+    samples
+        .iter()
+        .filter(|(c, _)| of.contains(c))
+        .map(|(_, d)| *d)
+        .collect()
+}
+
+/// One side: a namespace, this program's watches of it, the label of its drain pods, and the
+/// set's size.
+struct Side {
+    name: &'static str,
+    ns: TestNamespace,
+    drain_label: &'static str,
+    watches: Watches,
+    replicas: i32,
+    samples: Samples,
+}
+
+impl Side {
+    /// Runs one cycle: scale down (to 0 or by one), wait until every removed ordinal's claim is
+    /// gone and no drain pod is left, scale back up and wait until every pod runs. The samples
+    /// the watches took meanwhile are this cycle's.
+    async fn cycle(&mut self, cycle: Cycle) -> Result<()> {
+        let to = match cycle {
+            Cycle::Burst => 0,
+            Cycle::Single | Cycle::AfterIdle => self.replicas - 1,
+        };
+        let (reactions0, cleanups0) = {
+            let seen = self.watches.seen.lock().expect("lock");
+            (seen.reactions.len(), seen.cleanups.len())
+        };
+        scale(&self.ns, "web", to).await?;
+        let claims = self.ns.api::<PersistentVolumeClaim>();
+        let removed: Vec<String> = (to..self.replicas)
+            .map(|o| format!("data-web-{o}"))
+            .collect();
+        wait_for(CYCLE_TIMEOUT, "the removed ordinals drained", || async {
+            let left = claims.list_metadata(&ListParams::default()).await?.items;
+            let claims_gone = !left
+                .iter()
+                .any(|c| removed.contains(c.metadata.name.as_ref().unwrap_or(&String::new())));
+            let drains = ListParams::default().labels(self.drain_label);
+            let left = self.ns.api::<Pod>().list_metadata(&drains).await?.items;
+            Ok(claims_gone && left.is_empty())
+        })
+        .await?;
+        // The last claim's event may trail the list that no longer has it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        {
+            let seen = self.watches.seen.lock().expect("lock");
+            let n = (self.replicas - to) as usize;
+            ensure!(
+                seen.reactions.len() - reactions0 == n,
+                "{}: {} reactions seen for {n} drains",
+                self.name,
+                seen.reactions.len() - reactions0
+            );
+            self.samples
+                .reactions
+                .extend(seen.reactions[reactions0..].iter().map(|d| (cycle, *d)));
+            self.samples
+                .cleanups
+                .extend(seen.cleanups[cleanups0..].iter().map(|d| (cycle, *d)));
+        }
+        scale(&self.ns, "web", self.replicas).await?;
+        wait_running(&self.ns, &pod_names("web", 0..self.replicas)).await
+    }
+}
+
+/// The cycles of one side, in a fixed shuffled order (a small linear congruential generator:
+/// the same order every run).
+fn schedule(bursts: usize, singles: usize, idle: usize) -> Vec<Cycle> {
+    let mut cycles: Vec<Cycle> = std::iter::repeat_n(Cycle::Burst, bursts)
+        .chain(std::iter::repeat_n(Cycle::Single, singles))
+        .chain(std::iter::repeat_n(Cycle::AfterIdle, idle))
+        .collect();
+    let mut state: u64 = 0x5eed_2027;
+    for i in (1..cycles.len()).rev() {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        cycles.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    cycles
+}
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let replicas = env_or("STSD_BENCH_REPLICAS", 10) as i32;
-    let cycles = env_or("STSD_BENCH_CYCLES", 10);
+    let bursts = env_or("STSD_BENCH_BURSTS", 40);
+    let singles = env_or("STSD_BENCH_SINGLES", 100);
+    let idle_cycles = env_or("STSD_BENCH_IDLE_CYCLES", 3);
+    let idle = Duration::from_secs(env_or("STSD_BENCH_IDLE_SECS", 100) as u64);
     let client = client().await;
-    let ns = TestNamespace::new(&client, "bench-reaction").await?;
-    let mut watches = Watches::start(&ns).await?;
+    let template = drain_template("true", &["data"], json!({"restartPolicy": "Never"}));
 
-    // Baseline: the same cluster's bare watch latency, interleaved with nothing else.
-    let baseline = watches.baseline(&ns, 100).await?;
-    let pod_baseline = watches.pod_baseline(&ns, 100).await?;
+    let ctl_ns = TestNamespace::new(&client, "bench-reaction").await?;
+    let mut ctl = Side {
+        name: "controller",
+        watches: Watches::start(&ctl_ns).await?,
+        ns: ctl_ns,
+        drain_label: DRAIN_POD,
+        replicas,
+        samples: Samples::default(),
+    };
+    let floor_ns = TestNamespace::new(&client, "bench-floor").await?;
+    let mut floor = Side {
+        name: "floor",
+        watches: Watches::start(&floor_ns).await?,
+        ns: floor_ns,
+        drain_label: DRAIN_POD,
+        replicas,
+        samples: Samples::default(),
+    };
+    let poc_ns = TestNamespace::new(&client, "bench-poc").await?;
+    let mut peer = Side {
+        name: "2018 PoC",
+        watches: Watches::start(&poc_ns).await?,
+        ns: poc_ns,
+        drain_label: poc::POD_LABEL,
+        replicas,
+        samples: Samples::default(),
+    };
 
-    let controller = ControllerProcess::start_named(&ns.name, "bench", &[]);
-    let set = SetBuilder::new("web")
+    // The bare watch latency, interleaved with nothing else.
+    let baseline = ctl.watches.baseline(&ctl.ns, 100).await?;
+    let pod_baseline = ctl.watches.pod_baseline(&ctl.ns, 100).await?;
+
+    let controller = ControllerProcess::start_named(&ctl.ns.name, "bench", &[]);
+    let _floor = Floor::start(&floor.ns.name, "web", &template, "data").await?;
+    let opted_in = SetBuilder::new("web")
         .replicas(replicas)
         .parallel()
-        .annotation(
-            DRAINER_POD_TEMPLATE,
-            drain_template("true", &["data"], json!({"restartPolicy": "Never"})),
-        );
-    start_set(&ns, &set).await?;
-    watches.react();
-    let (wall, during) = watches
-        .baseline_during(
-            &ns,
-            drain_cycles(&ns, "web", replicas, cycles, &ListParams::default()),
-        )
-        .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    drop(controller);
-    watches.stop();
+        .annotation(DRAINER_POD_TEMPLATE, template.clone());
+    start_set(&ctl.ns, &opted_in).await?;
+    start_set(
+        &floor.ns,
+        &SetBuilder::new("web").replicas(replicas).parallel(),
+    )
+    .await?;
+    // The PoC's cleanup pod: the same program, restarted on failure as it requires.
+    let poc_template =
+        drain_template_without_record("true", &["data"], json!({"restartPolicy": "OnFailure"}));
+    let poc_process = Poc::start(&peer.ns.name)?;
+    let poc_set = SetBuilder::new("web")
+        .replicas(replicas)
+        .parallel()
+        .annotation(poc::ANNOTATION, poc_template);
+    start_set(&peer.ns, &poc_set).await?;
+    poc_process.wait_handles(&peer.ns, "web").await?;
+    for side in [&ctl, &floor, &peer] {
+        wait_running(&side.ns, &pod_names("web", 0..replicas)).await?;
+    }
 
-    let seen = watches.seen.lock().expect("lock");
-    let expected = replicas as usize * cycles;
-    ensure!(
-        seen.reactions.len() == expected,
-        "saw {} reactions for {expected} drains",
-        seen.reactions.len()
-    );
-    let (base_p50, ..) = summary(&baseline);
-    let (pod_p50, ..) = summary(&pod_baseline);
-    let (react_p50, react_p99, ..) = summary(&seen.reactions);
-    let report = [
+    let plan = schedule(bursts, singles, idle_cycles);
+    let total = plan.len();
+    let probe_ns = TestNamespace::new(&client, "bench-probes").await?;
+    let mut probes = Watches::start(&probe_ns).await?;
+    let cycles = async {
+        let started = std::time::Instant::now();
+        for (i, cycle) in plan.iter().enumerate() {
+            // Each side goes first in turn.
+            let mut sides: [&mut Side; 3] = [&mut ctl, &mut floor, &mut peer];
+            sides.rotate_left(i % 3);
+            for side in sides {
+                if *cycle == Cycle::AfterIdle {
+                    eprintln!("idle for {} s", idle.as_secs());
+                    tokio::time::sleep(idle).await;
+                }
+                side.cycle(*cycle).await?;
+            }
+            eprintln!("cycle {}/{total} ({cycle:?}) done", i + 1);
+        }
+        anyhow::Ok(started.elapsed())
+    };
+    let (wall, during) = probes
+        .baseline_every(&probe_ns, Duration::from_millis(500), false, cycles)
+        .await?;
+    drop(controller);
+    Poc::release(&peer.ns, "web").await?;
+    drop(poc_process);
+
+    let (c, f, p) = (&ctl.samples, &floor.samples, &peer.samples);
+    let all = [Cycle::Burst, Cycle::Single, Cycle::AfterIdle];
+    let ratio = |a: &[std::time::Duration], b: &[std::time::Duration], q: f64| {
+        quantile(a, q) / quantile(b, q)
+    };
+    let (cr, fr) = (c.reactions(&all), f.reactions(&all));
+    let (cc, fc) = (c.cleanups(&all), f.cleanups(&all));
+    let mut report = vec![
         format!(
-            "reaction latency, {expected} drains ({cycles} x a Parallel set of {replicas} scaled to 0), {} on {}",
+            "reaction latency: the controller, the floor (a minimal drain controller) and the 2018 PoC on triplet sets of {replicas}, \
+             taking turns: {bursts} bursts (scaled to 0), {singles} singles (scaled down by one), \
+             {idle_cycles} singles after {} s idle, per side; {} on {}",
+            idle.as_secs(),
             utc_now(),
             host()
         ),
-        line("baseline: ConfigMap created -> watch event", &baseline),
-        line("baseline during the cycles (every 100 ms)", &during.configmaps),
-        line("baseline: Pod created -> watch event", &pod_baseline),
-        line("the same during the cycles (every 100 ms)", &during.pods),
-        line("stateful pod gone -> drain pod created", &seen.reactions),
-        line("floor: gone -> a minimal reactor's pod", &seen.floor),
-        line("drain pod Succeeded -> claim deleted", &seen.cleanups),
+        line90("bare watch: ConfigMap created -> event", &baseline),
+        line90(
+            "  the same during the cycles (every 500 ms)",
+            &during.configmaps,
+        ),
+        line90("bare watch: Pod created -> event", &pod_baseline),
+        String::new(),
+        "stateful pod gone -> drain pod created".to_owned(),
+    ];
+    for (what, kinds) in [
+        ("all", &all[..]),
+        ("bursts", &[Cycle::Burst][..]),
+        ("singles", &[Cycle::Single][..]),
+        ("after idle", &[Cycle::AfterIdle][..]),
+    ] {
+        let (a, b) = (c.reactions(kinds), f.reactions(kinds));
+        report.push(line90(&format!("  controller, {what}"), &a));
+        report.push(line90(&format!("  floor, {what}"), &b));
+        let pa = p.reactions(kinds);
+        report.push(line90(&format!("  2018 PoC, {what}"), &pa));
+        for (who, x) in [("controller", &a), ("2018 PoC", &pa)] {
+            report.push(format!(
+                "  {who} / floor, {what}: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                ratio(x, &b, 0.5),
+                ratio(x, &b, 0.9),
+                ratio(x, &b, 0.99),
+                ratio(x, &b, 1.0)
+            ));
+        }
+    }
+    report.extend([
         format!(
-            "median reaction / median baseline: {:.2} (goal <= 1.5), / median baseline during the cycles: {:.2}; p99 reaction {:.1} ms (goal <= 30)",
-            react_p50 / base_p50,
-            react_p50 / summary(&during.configmaps).0,
-            react_p99
+            "  goal: p50 <= 1.15x the floor ({:.2}), p99 <= 1.3x the floor ({:.2})",
+            ratio(&cr, &fr, 0.5),
+            ratio(&cr, &fr, 0.99)
+        ),
+        String::new(),
+        "drain finished (containers exited 0) -> claim deleted".to_owned(),
+        line90("  controller", &cc),
+        line90("  floor (one API write after the event)", &fc),
+        line90("  2018 PoC (acts on the phase Succeeded)", &p.cleanups(&all)),
+        format!(
+            "  controller / floor: p50 {:.2}  p99 {:.2}; controller p50 / bare watch p50 during the cycles: {:.2}",
+            ratio(&cc, &fc, 0.5),
+            ratio(&cc, &fc, 0.99),
+            quantile(&cc, 0.5) / quantile(&during.configmaps, 0.5)
         ),
         format!(
-            "median reaction / median Pod baseline: {:.2}, / median Pod baseline during the cycles: {:.2}, / median floor: {:.2}; p99 reaction / p99 floor: {:.2}",
-            react_p50 / pod_p50,
-            react_p50 / summary(&during.pods).0,
-            react_p50 / summary(&seen.floor).0,
-            react_p99 / summary(&seen.floor).1,
+            "  goal: p50 <= 1.15x one API write round trip ({:.2} of the floor's)",
+            ratio(&cc, &fc, 0.5)
         ),
-        format!("wall time of the drain cycles: {:.1} s", wall.as_secs_f64()),
-    ]
-    .join("\n");
+        String::new(),
+        format!(
+            "wall time of the cycles: {:.1} s; samples: controller {} reactions, {} cleanups; floor {} reactions, {} cleanups; 2018 PoC {} reactions, {} cleanups",
+            wall.as_secs_f64(),
+            cr.len(),
+            cc.len(),
+            fr.len(),
+            fc.len(),
+            p.reactions(&all).len(),
+            p.cleanups(&all).len()
+        ),
+    ]);
+    let report = report.join("\n");
     println!("{report}");
     write_result("reaction.txt", &report)?;
     Ok(())

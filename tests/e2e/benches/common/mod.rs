@@ -4,15 +4,16 @@
 //!
 //! - **pod gone → drain pod created**: a stateful pod's Deleted event → the Added event of the
 //!   drain pod of that name;
-//! - **drain succeeded → claims deleted**: the drain pod's first event in phase Succeeded → the
-//!   first event of its claim with a deletion timestamp;
+//! - **drain succeeded → claims deleted**: the drain pod's first event that shows it finished
+//!   ([`finished`]) → the first event of its claim with a deletion timestamp;
 //! - **baseline, bare watch latency**: a ConfigMap create request sent → its Added event;
 //! - **baseline, a pod written**: the same for a Pod (the write a reaction makes). Probe pods
 //!   are never scheduled (`schedulerName` of no scheduler) and are deleted once seen;
-//! - **floor, a minimal reactor**: this program itself creating a probe pod the instant it sees
-//!   a stateful pod's Deleted event, timed from that event to the probe's Added event: what
-//!   any controller's reaction costs at that instant, when the node is tearing the pod down
-//!   (with nothing to read, confirm or record).
+//! - **the floor**: a minimal drain controller this program runs on a twin set ([`floor`]),
+//!   timed by the same watches.
+
+pub mod floor;
+pub mod poc;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,18 +50,33 @@ pub struct Seen {
     pub reactions: Vec<Duration>,
     /// Drain pod Succeeded → claim deleted.
     pub cleanups: Vec<Duration>,
-    /// Stateful pod gone → this program's own probe pod created (see [`Watches::react`]).
-    pub floor: Vec<Duration>,
-    /// The minimal reactor's probes not seen yet: name → when their stateful pod went.
-    reacting: HashMap<String, Instant>,
     /// Pod and claim events (added, modified, deleted) seen after the initial lists.
     pub events: usize,
     /// Initial lists and relists of the pod and claim watches.
     pub lists: usize,
 }
 
+/// Whether a drain pod's program finished well: its phase is Succeeded, or every container
+/// has terminated with status 0 (which the kubelet reports before the terminal phase: it sets
+/// the phase only once the pod is torn down). The first instant either side can act on.
+pub fn finished(p: &Pod) -> bool {
+    let Some(status) = p.status.as_ref() else {
+        return false;
+    };
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    status.phase.as_deref() == Some("Succeeded")
+        || (!containers.is_empty()
+            && containers.iter().all(|c| {
+                c.state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some_and(|t| t.exit_code == 0)
+            }))
+}
+
+/// A drain pod: ours (and the floor's), or the PoC's cleanup pod.
 fn is_drain(p: &Pod) -> bool {
-    p.labels().contains_key(drain_api::labels::DRAIN_POD)
+    p.labels().contains_key(drain_api::labels::DRAIN_POD) || p.labels().contains_key(poc::POD_LABEL)
 }
 
 /// With `STSD_BENCH_TRACE` set, prints when this program saw `what` happen to `name` (wall
@@ -90,9 +106,7 @@ fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
                     seen.reactions.push(at - gone);
                     trace("created", &name);
                 }
-                let succeeded =
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
-                if succeeded && !seen.drain_succeeded.contains_key(&name) {
+                if finished(&p) && !seen.drain_succeeded.contains_key(&name) {
                     seen.drain_succeeded.insert(name, at);
                 }
             }
@@ -158,11 +172,7 @@ pub struct Watches {
     probes: Probes,
     pod_probes: Probes,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    react: Arc<std::sync::atomic::AtomicBool>,
 }
-
-/// The prefix of the minimal reactor's probe pods.
-const REACTOR: &str = "probe-react-";
 
 impl Watches {
     /// Starts the three watches of `ns` and waits until each has listed the namespace.
@@ -174,30 +184,13 @@ impl Watches {
         let pods = watcher(ns.api::<Pod>(), watcher::Config::default());
         let (s, done) = (Arc::clone(&seen), synced_tx.clone());
         let (pod_tx, pod_probes) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
-        let react = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (reacting, pods_api) = (Arc::clone(&react), ns.api::<Pod>());
         tasks.push(tokio::spawn(async move {
             let mut pods = std::pin::pin!(pods);
-            let mut reactions = 0usize;
             while let Some(Ok(e)) = pods.next().await {
                 let at = Instant::now();
                 match &e {
                     watcher::Event::InitDone => {
                         let _ = done.send(());
-                    }
-                    watcher::Event::Apply(p) if p.name_any().starts_with(REACTOR) => {
-                        let name = p.name_any();
-                        let mut seen = s.lock().expect("lock");
-                        if let Some(gone) = seen.reacting.remove(&name) {
-                            seen.floor.push(at - gone);
-                            let api = pods_api.clone();
-                            tokio::spawn(async move {
-                                let _ = api
-                                    .delete(&name, &DeleteParams::default().grace_period(0))
-                                    .await;
-                            });
-                        }
-                        continue;
                     }
                     watcher::Event::Apply(p) | watcher::Event::Delete(p)
                         if p.name_any().starts_with(PROBE) =>
@@ -206,18 +199,6 @@ impl Watches {
                             let _ = pod_tx.send((p.name_any(), at));
                         }
                         continue;
-                    }
-                    watcher::Event::Delete(p)
-                        if !is_drain(p) && reacting.load(std::sync::atomic::Ordering::Relaxed) =>
-                    {
-                        // The minimal reactor: a pod created at once, nothing else.
-                        let name = format!("{REACTOR}{}-{reactions}", p.name_any());
-                        reactions += 1;
-                        s.lock().expect("lock").reacting.insert(name.clone(), at);
-                        let api = pods_api.clone();
-                        tokio::spawn(async move {
-                            let _ = api.create(&PostParams::default(), &Pod::named(&name)).await;
-                        });
                     }
                     _ => {}
                 }
@@ -268,14 +249,7 @@ impl Watches {
             probes,
             pod_probes,
             tasks,
-            react,
         })
-    }
-
-    /// From now on, this program reacts to each stateful pod's Deleted event like a minimal
-    /// controller: it creates a probe pod at once ([`Seen::floor`]).
-    pub fn react(&self) {
-        self.react.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The bare watch latency: `n` ConfigMaps created one after the other in `ns`, each timed
@@ -310,6 +284,20 @@ impl Watches {
         ns: &TestNamespace,
         work: impl Future<Output = Result<T>>,
     ) -> Result<(T, During)> {
+        self.baseline_every(ns, Duration::from_millis(100), true, work)
+            .await
+    }
+
+    /// As [`baseline_during`](Self::baseline_during), a ConfigMap every `every`, and a Pod
+    /// after each only if `pods` (a probe pod is two writes, its create and its delete).
+    pub async fn baseline_every<T>(
+        &mut self,
+        ns: &TestNamespace,
+        every: Duration,
+        pods: bool,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<(T, During)> {
+        let with_pods = pods;
         let done = std::sync::atomic::AtomicBool::new(false);
         let cms: Api<ConfigMap> = ns.api();
         let pods: Api<Pod> = ns.api();
@@ -323,9 +311,11 @@ impl Watches {
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let name = format!("{PROBE}during-{i}");
                 during.configmaps.push(probe(&cms, probes, &name).await?);
-                during.pods.push(probe(&pods, pod_probes, &name).await?);
+                if with_pods {
+                    during.pods.push(probe(&pods, pod_probes, &name).await?);
+                }
                 i += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(every).await;
             }
             anyhow::Ok(during)
         };
@@ -453,6 +443,29 @@ pub fn summary(samples: &[Duration]) -> (f64, f64, f64, usize) {
     }
     let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
     (at(0.5), at(0.99), *ms.last().unwrap_or(&0.0), ms.len())
+}
+
+/// The `q` quantile (0..=1) of `samples`, in milliseconds (0 without samples).
+pub fn quantile(samples: &[Duration], q: f64) -> f64 {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    if ms.is_empty() {
+        return 0.0;
+    }
+    ms[((ms.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// One line of figures with p90: `what`, the number of samples, p50, p90, p99, max.
+pub fn line90(what: &str, samples: &[Duration]) -> String {
+    let q = |q| quantile(samples, q);
+    format!(
+        "{what:<46} n={:<4} p50 {:>7.1}  p90 {:>7.1}  p99 {:>7.1}  max {:>7.1} ms",
+        samples.len(),
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(1.0)
+    )
 }
 
 /// One line of figures: `what`, the number of samples, p50, p99, max.

@@ -1,0 +1,107 @@
+//! The 2018 proof of concept of this idea (`tests/bench/poc`: Marko Luksa's
+//! statefulset-scaledown-controller), run out of cluster on a namespace of its own as the peer
+//! in the benchmarks' tables.
+//!
+//! Its contract differs from ours in what the benchmarks see: its annotation is
+//! `scaledown-pod-template` (a JSON Pod), its cleanup pods carry the label `scaledown-pod` and
+//! must restart `OnFailure`, and it puts a finalizer on each set it handles.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, ensure};
+use e2e::{TestNamespace, kubeconfig_path, release_dir, repo_root, wait_for};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+/// Its annotation on a set: the cleanup pod, a JSON `v1.Pod`.
+pub const ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-template";
+/// The label of its cleanup pods.
+pub const POD_LABEL: &str = "scaledown-pod";
+/// The finalizer it puts on the sets it handles.
+const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
+
+/// The PoC's binary (`tests/bench/poc/build`: built once, then cached).
+fn binary() -> Result<PathBuf> {
+    let out = Command::new(repo_root().join("tests/bench/poc/build"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run tests/bench/poc/build")?;
+    ensure!(out.status.success(), "tests/bench/poc/build failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let path = text
+        .lines()
+        .last()
+        .context("tests/bench/poc/build printed no path")?;
+    Ok(PathBuf::from(path.trim()))
+}
+
+/// The PoC running on one namespace (`--localOnly --namespace`), logging to
+/// `e2e-logs/poc-<namespace>.log`; stopped when dropped.
+pub struct Poc {
+    child: Child,
+}
+
+impl Poc {
+    /// Starts it on `ns`.
+    pub fn start(ns: &str) -> Result<Self> {
+        let logs = release_dir().join("e2e-logs");
+        std::fs::create_dir_all(&logs)?;
+        let log = std::fs::File::create(logs.join(format!("poc-{ns}.log")))?;
+        let child = Command::new(binary()?)
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .args([
+                "--logtostderr",
+                "--v",
+                "2",
+                "--localOnly",
+                "--namespace",
+                ns,
+            ])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start the PoC")?;
+        Ok(Self { child })
+    }
+
+    /// Waits until it has taken the set `set` in (its finalizer is on it): it acts on a set
+    /// only from its next pass.
+    pub async fn wait_handles(&self, ns: &TestNamespace, set: &str) -> Result<()> {
+        let sets = ns.api::<StatefulSet>();
+        wait_for(
+            std::time::Duration::from_secs(120),
+            "the PoC's finalizer on the set",
+            || async {
+                let s = sets.get(set).await?;
+                Ok(s.metadata
+                    .finalizers
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|f| f == FINALIZER))
+            },
+        )
+        .await
+    }
+
+    /// Takes its finalizer off `set` (so that the namespace can go once it is stopped).
+    pub async fn release(ns: &TestNamespace, set: &str) -> Result<()> {
+        ns.api::<StatefulSet>()
+            .patch(
+                set,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+impl Drop for Poc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
