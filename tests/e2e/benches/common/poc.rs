@@ -12,8 +12,6 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, Result, ensure};
 use e2e::{TestNamespace, kubeconfig_path, release_dir, repo_root, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
 
 /// Its annotation on a set: the cleanup pod, a JSON `v1.Pod`.
 pub const ANNOTATION: &str = "statefulsets.kubernetes.io/scaledown-pod-template";
@@ -38,9 +36,11 @@ fn binary() -> Result<PathBuf> {
 }
 
 /// The PoC running on one namespace (`--localOnly --namespace`), logging to
-/// `e2e-logs/poc-<namespace>.log`; stopped when dropped.
+/// `e2e-logs/poc-<namespace>.log`; stopped when dropped, and its finalizer taken off the set
+/// `web` then (so that the namespace can go, whether the run ended well or not).
 pub struct Poc {
     child: Child,
+    namespace: String,
 }
 
 impl Poc {
@@ -64,7 +64,10 @@ impl Poc {
             .stderr(log)
             .spawn()
             .context("start the PoC")?;
-        Ok(Self { child })
+        Ok(Self {
+            child,
+            namespace: ns.to_owned(),
+        })
     }
 
     /// Waits until it has taken the set `set` in (its finalizer is on it): it acts on a set
@@ -85,23 +88,23 @@ impl Poc {
         )
         .await
     }
-
-    /// Takes its finalizer off `set` (so that the namespace can go once it is stopped).
-    pub async fn release(ns: &TestNamespace, set: &str) -> Result<()> {
-        ns.api::<StatefulSet>()
-            .patch(
-                set,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await?;
-        Ok(())
-    }
 }
 
 impl Drop for Poc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = e2e::kubectl()
+            .args([
+                "-n",
+                &self.namespace,
+                "patch",
+                "statefulset",
+                "web",
+                "--type",
+                "merge",
+            ])
+            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+            .output();
     }
 }
