@@ -726,16 +726,7 @@ async fn helm_upgrade_keeps_a_drain_in_flight_and_uninstall_keeps_the_data() -> 
     assert_claims_kept(&ns, &["data-web-2"]).await?;
     exec(&ns, "web-2", "drain", "touch /data/release").await?;
     wait_claim_gone(&ns, "data-web-2", T).await?;
-    // Each is reported on the set and on the drain pod: the set's.
-    let on_set = |v: Vec<String>| -> Vec<String> {
-        v.into_iter().filter(|m| m.starts_with("web: ")).collect()
-    };
-    let created = on_set(events(&ns, "DrainPodCreated").await?);
-    let retried = on_set(events(&ns, "DrainRetrying").await?);
-    ensure!(
-        created.iter().filter(|m| m.contains("web-2")).count() == 1 && retried.is_empty(),
-        "one drain pod for web-2 expected (pod {uid}): created {created:?}, retried {retried:?}"
-    );
+    assert_one_drain_pod(&ns, "web-2", &uid).await?;
 
     // A drain in flight across an uninstall: nothing of the set's is deleted.
     scale(&ns, "web", 1).await?;
@@ -874,16 +865,23 @@ async fn helm_upgrade_from_the_previous_release_keeps_a_drain_in_flight_and_dele
     wait_ordinal_state(&ns, "web", 2, "done").await?;
     assert_claims_kept(&ns, &everything[..2]).await?;
     assert_claims_kept(&ns, &everything[3..]).await?;
+    assert_one_drain_pod(&ns, "web-2", &uid).await?;
+    install.assert_nothing_forbidden()?;
+    Ok(())
+}
+
+/// `web`'s Events say one drain pod was made for `pod` (`uid`) and no attempt was retried:
+/// no second drain pod. (Each is reported on the set and on the drain pod: the set's.)
+async fn assert_one_drain_pod(ns: &TestNamespace, pod: &str, uid: &str) -> Result<()> {
     let on_set = |v: Vec<String>| -> Vec<String> {
         v.into_iter().filter(|m| m.starts_with("web: ")).collect()
     };
-    let created = on_set(events(&ns, "DrainPodCreated").await?);
-    let retried = on_set(events(&ns, "DrainRetrying").await?);
+    let created = on_set(events(ns, "DrainPodCreated").await?);
+    let retried = on_set(events(ns, "DrainRetrying").await?);
     ensure!(
-        created.iter().filter(|m| m.contains("web-2")).count() == 1 && retried.is_empty(),
-        "one drain pod for web-2 expected (pod {uid}): created {created:?}, retried {retried:?}"
+        created.iter().filter(|m| m.contains(pod)).count() == 1 && retried.is_empty(),
+        "one drain pod for {pod} expected (pod {uid}): created {created:?}, retried {retried:?}"
     );
-    install.assert_nothing_forbidden()?;
     Ok(())
 }
 
