@@ -102,6 +102,27 @@ struct Side {
 }
 
 impl Side {
+    /// A side named `name` in a new namespace (`prefix`), watched, with no samples yet.
+    async fn new(
+        client: &kube::Client,
+        name: &'static str,
+        prefix: &str,
+        drain_label: &'static str,
+        cleans_orphans: bool,
+        replicas: i32,
+    ) -> Result<Self> {
+        let ns = TestNamespace::new(client, prefix).await?;
+        Ok(Self {
+            name,
+            watches: Watches::start(&ns).await?,
+            ns,
+            drain_label,
+            cleans_orphans,
+            replicas,
+            samples: Samples::default(),
+        })
+    }
+
     /// Runs one cycle: scale down (to 0 or by one), wait until every removed ordinal's claim is
     /// gone and no drain pod is left, scale back up and wait until every pod runs. The samples
     /// the watches took meanwhile are this cycle's.
@@ -207,36 +228,25 @@ async fn main() -> Result<()> {
     let client = client().await;
     let template = drain_template("true", &["data"], json!({"restartPolicy": "Never"}));
 
-    let ctl_ns = TestNamespace::new(&client, "bench-reaction").await?;
-    let mut ctl = Side {
-        name: "controller",
-        watches: Watches::start(&ctl_ns).await?,
-        ns: ctl_ns,
-        drain_label: DRAIN_POD,
-        cleans_orphans: false,
+    let mut ctl = Side::new(
+        &client,
+        "controller",
+        "bench-reaction",
+        DRAIN_POD,
+        false,
         replicas,
-        samples: Samples::default(),
-    };
-    let floor_ns = TestNamespace::new(&client, "bench-floor").await?;
-    let mut floor = Side {
-        name: "floor",
-        watches: Watches::start(&floor_ns).await?,
-        ns: floor_ns,
-        drain_label: DRAIN_POD,
-        cleans_orphans: true,
+    )
+    .await?;
+    let mut floor = Side::new(&client, "floor", "bench-floor", DRAIN_POD, true, replicas).await?;
+    let mut peer = Side::new(
+        &client,
+        "2018 PoC",
+        "bench-poc",
+        poc::POD_LABEL,
+        false,
         replicas,
-        samples: Samples::default(),
-    };
-    let poc_ns = TestNamespace::new(&client, "bench-poc").await?;
-    let mut peer = Side {
-        name: "2018 PoC",
-        watches: Watches::start(&poc_ns).await?,
-        ns: poc_ns,
-        drain_label: poc::POD_LABEL,
-        cleans_orphans: false,
-        replicas,
-        samples: Samples::default(),
-    };
+    )
+    .await?;
 
     // The bare watch latency, interleaved with nothing else.
     let baseline = ctl.watches.baseline(&ctl.ns, 100).await?;

@@ -23,6 +23,20 @@ pub mod redis;
 pub mod suite;
 pub mod witness;
 
+/// Runs the harness script `script` (a path from the repository's root, e.g.
+/// `tests/cluster/helm`), its own output on this program's stderr; its stdout, or an error if
+/// it fails. The harness's build-once scripts print what they built on their last lines.
+pub fn harness(script: &str) -> Result<String> {
+    let out = std::process::Command::new(repo_root().join(script))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("run {script}"))?;
+    if !out.status.success() {
+        bail!("{script} failed ({}; its output is above)", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Root of the repository.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -7,10 +7,10 @@
 //! must restart `OnFailure`, and it puts a finalizer on each set it handles.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 
-use anyhow::{Context, Result, ensure};
-use e2e::{TestNamespace, kubeconfig_path, release_dir, repo_root, wait_for};
+use anyhow::{Context, Result};
+use e2e::{TestNamespace, kubeconfig_path, release_dir, wait_for};
 use k8s_openapi::api::apps::v1::StatefulSet;
 
 /// Its annotation on a set: the cleanup pod, a JSON `v1.Pod`.
@@ -22,12 +22,7 @@ const FINALIZER: &str = "statefulsets.kubernetes.io/scaledown";
 
 /// The PoC's binary (`tests/bench/poc/build`: built once, then cached).
 fn binary() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("tests/bench/poc/build"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run tests/bench/poc/build")?;
-    ensure!(out.status.success(), "tests/bench/poc/build failed");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = e2e::harness("tests/bench/poc/build")?;
     let path = text
         .lines()
         .last()

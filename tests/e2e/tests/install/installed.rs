@@ -24,16 +24,8 @@ pub fn chart_dir() -> PathBuf {
 
 /// The `helm` the harness builds (`tests/cluster/helm`: once, then cached by version).
 fn helm_binary() -> Result<PathBuf> {
-    let out = std::process::Command::new(repo_root().join("tests/cluster/helm"))
-        .output()
-        .context("run tests/cluster/helm")?;
-    ensure!(
-        out.status.success(),
-        "tests/cluster/helm: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = String::from_utf8_lossy(&out.stdout);
-    let path = path
+    let out = e2e::harness("tests/cluster/helm")?;
+    let path = out
         .lines()
         .last()
         .context("tests/cluster/helm printed no path")?;
@@ -55,15 +47,7 @@ impl PreviousRelease {
     /// Runs `tests/cluster/previous-release` (builds the previous controller once, then cached;
     /// imports its image into the node).
     pub fn get() -> Result<Self> {
-        let out = std::process::Command::new(repo_root().join("tests/cluster/previous-release"))
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .context("run tests/cluster/previous-release")?;
-        ensure!(
-            out.status.success(),
-            "tests/cluster/previous-release failed"
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = e2e::harness("tests/cluster/previous-release")?;
         let field = |key: &str| -> Result<String> {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("{key}=")))
