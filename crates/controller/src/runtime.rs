@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod controller;
+pub mod interest;
 pub mod leader;
 pub mod meta_cache;
 pub mod metrics;

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use common::process::{Memory, memory};
 use common::*;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use e2e::objects::{BUSYBOX, SetBuilder, drain_template, sleeper};
@@ -136,51 +137,6 @@ fn controller_pid() -> Result<u32> {
         }
     }
     bail!("no controller process among the children of {me}")
-}
-
-/// A process's memory, in MiB (`/proc/<pid>/status`).
-#[derive(Clone, Copy, Debug, Default)]
-struct Memory {
-    /// `VmRSS`.
-    rss: f64,
-    /// `VmHWM`: the peak RSS.
-    hwm: f64,
-    /// `RssAnon`: the heap and other anonymous memory.
-    anon: f64,
-    /// `RssFile`: mapped files, mostly the binary.
-    file: f64,
-}
-
-impl std::fmt::Display for Memory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "RSS {:.1} MiB (anon {:.1}, file {:.1}), peak {:.1} MiB",
-            self.rss, self.anon, self.file, self.hwm
-        )
-    }
-}
-
-fn memory(pid: u32) -> Result<Memory> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> Result<f64> {
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .with_context(|| format!("{key} in /proc/{pid}/status"))?;
-        let n: f64 = line
-            .split_whitespace()
-            .nth(1)
-            .context("a number")?
-            .parse()?;
-        Ok(n / 1024.0)
-    };
-    Ok(Memory {
-        rss: kib("VmRSS:")?,
-        hwm: kib("VmHWM:")?,
-        anon: kib("RssAnon:")?,
-        file: kib("RssFile:")?,
-    })
 }
 
 /// The clock ticks per second of `/proc/<pid>/stat`.

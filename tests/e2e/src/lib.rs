@@ -429,6 +429,11 @@ impl ControllerProcess {
         }
     }
 
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills it at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

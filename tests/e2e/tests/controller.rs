@@ -103,6 +103,54 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
     Ok(())
 }
 
+/// The controller keeps the pods and claims of the sets that opted in only: a set that opts in
+/// while it runs has its pods and claims listed then. Its claim orphaned before it opted in is
+/// drained (by the right drain pod: the drain checks the owner its pod wrote), its pods are
+/// followed from then on (a later scale-down drains too), and the claim of the set that stays
+/// out is kept. Meanwhile nothing of either set is touched before the opt-in.
+#[tokio::test]
+async fn a_set_that_opts_in_while_the_controller_runs_has_its_claims_found_and_drained()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-opt-in-late").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &SetBuilder::new("web")).await?;
+    start_set(&ns, &SetBuilder::new("other")).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    wait_running(&ns, &pod_names("other", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    scale(&ns, "other", 2).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    wait_pod_gone(&ns, "other-2", T).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    anyhow::ensure!(
+        drain_pods(&ns).await?.is_empty(),
+        "a drain pod for a set that has not opted in"
+    );
+    assert_claims_kept(&ns, &["data-web-2", "data-other-2"]).await?;
+
+    set_drain_template(
+        &ns,
+        "web",
+        drain_template(&format!("{CHECK_OWNER} && sleep 1"), &["data"], json!({})),
+    )
+    .await?;
+    wait_drain_pod(&ns, "web-2", None).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    // Its pods are followed now: the next scale-down drains at once.
+    scale(&ns, "web", 1).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+    wait_pod_gone(&ns, "web-1", T).await?;
+    assert_claims_kept(
+        &ns,
+        &["data-web-0", "data-other-0", "data-other-1", "data-other-2"],
+    )
+    .await?;
+    anyhow::ensure!(drain_pods(&ns).await?.is_empty(), "a drain pod left behind");
+    Ok(())
+}
+
 #[tokio::test]
 async fn ordered_ready_scale_to_zero_drains_one_at_a_time_highest_first() -> Result<()> {
     let client = client().await;

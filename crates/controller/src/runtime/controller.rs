@@ -20,12 +20,18 @@ use cluster::status_patcher;
 use kinds::tell_kruise;
 use memory::Memory;
 use serve::{Discovery, discover_advanced, serve, serve_advanced};
-use watches::{Routes, Secondary, drive_all, gate_readiness, ready_when_all, set_watch};
+use watches::{
+    Order, Routes, Secondary, SetWatch, drive_all, flipped, gate_readiness, ready_when_all,
+    set_watch,
+};
+
+use crate::runtime::interest::{Interest, SetNames};
 
 mod api;
 mod backoff;
 mod cluster;
 mod context;
+mod fill;
 mod kinds;
 mod memory;
 mod reconcile;
@@ -65,11 +71,9 @@ impl Context {
         shared: &Shared,
         scope: Option<String>,
         ready: tokio::sync::watch::Receiver<bool>,
-        (sets, advanced): (
-            Store<StatefulSet>,
-            Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-        ),
+        advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         secondary: Secondary,
+        known: Known,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -83,7 +87,6 @@ impl Context {
             ..
         } = shared.clone();
         Self {
-            sets,
             advanced,
             recorder: Recorder::new(client.clone(), reporter),
             stateful_pods: secondary.stateful_pods,
@@ -93,6 +96,9 @@ impl Context {
             drain_pod_index: secondary.drain_pod_index,
             claim_index: secondary.claim_index,
             memory: Memory::default(),
+            interest: known.interest,
+            names: known.names,
+            advanced_names: known.advanced_names,
             status: StatusWriter::new(
                 status_patcher(client.clone(), Arc::clone(&metrics)),
                 config.leadership.clone(),
@@ -107,6 +113,13 @@ impl Context {
             client,
         }
     }
+}
+
+/// What a scope knows of its sets beyond its caches: which concern us, and the names of all.
+struct Known {
+    interest: Arc<Interest>,
+    names: Arc<SetNames>,
+    advanced_names: Arc<SetNames>,
 }
 
 /// The scopes the controller runs: one per watched namespace, or one over all namespaces.
@@ -184,15 +197,37 @@ async fn run_scope(
 ) -> Stopped {
     let ns = scope.as_deref();
     let client = &shared.client;
-    let (secondary, streams, released_rx) = Secondary::watch(client, ns, &shared.metrics);
+    let known = Known {
+        interest: Arc::default(),
+        names: Arc::default(),
+        advanced_names: Arc::default(),
+    };
+    // The drain pods are listed first, then the sets, then the stateful pods and claims
+    // (`Order`): only the pods and claims of the sets that concern us are kept.
+    let (drain_pods_listed, drain_pods_listed_rx) = tokio::sync::watch::channel(false);
+    let (sets_listed_tx, sets_listed) = tokio::sync::watch::channel(false);
+    let order = Order {
+        drain_pods_listed,
+        sets_listed: sets_listed.clone(),
+    };
+    let (secondary, streams, released_rx) =
+        Secondary::watch(client, ns, &shared.metrics, &known.interest, order);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
-    let (sets, set_stream, sets_listed) = set_watch::<StatefulSet>(
+    let (fills_tx, fills_rx) = mpsc::unbounded_channel();
+    let (sets, set_stream) = set_watch::<StatefulSet>(
         client,
         ns,
-        secondary.drain_pod_index.clone(),
-        gone_tx.clone(),
+        SetWatch {
+            in_flight: secondary.drain_pod_index.clone(),
+            gone: gone_tx.clone(),
+            interest: Arc::clone(&known.interest),
+            names: Arc::clone(&known.names),
+            fills: fills_tx.clone(),
+            listed: sets_listed_tx,
+        },
+        flipped(drain_pods_listed_rx),
     );
     let ready = ready_tx.subscribe();
     let gate = tokio::spawn(gate_readiness(
@@ -205,12 +240,20 @@ async fn run_scope(
         &shared,
         scope.clone(),
         ready,
-        (sets.clone(), Arc::clone(&advanced_sets)),
+        Arc::clone(&advanced_sets),
         secondary,
+        known,
     ));
 
     let (routes, set_triggers, advanced_triggers) =
         Routes::new(sets.clone(), advanced_sets, ctx.drain_pod_index.clone());
+    let filler = fill::Filler {
+        client: client.clone(),
+        interest: Arc::clone(&ctx.interest),
+        pods: ctx.stateful_pods.clone(),
+        claims: ctx.claims.clone(),
+        metrics: Arc::clone(&ctx.metrics),
+    };
     let background = [
         tokio::spawn(drive_all(routes.clone(), streams)),
         tokio::spawn(forget_gone_sets(Arc::clone(&ctx), gone_rx)),
@@ -219,6 +262,10 @@ async fn run_scope(
             Arc::clone(&routes.advanced),
             released_rx,
         )),
+        tokio::spawn({
+            let routes = routes.clone();
+            filler.run(fills_rx, move |ns, set| routes.set_named(ns, set))
+        }),
         gate,
     ];
     let builtin = serve(
@@ -232,7 +279,7 @@ async fn run_scope(
         Arc::clone(&ctx),
         shared.discovery.clone(),
         routes.advanced.clone(),
-        gone_tx,
+        (gone_tx, fills_tx),
         advanced_triggers,
         shutdown,
     );

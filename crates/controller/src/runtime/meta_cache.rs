@@ -10,8 +10,16 @@
 //! small entry per object (its name, UID, deletion timestamp and, for claims, our drain
 //! record annotations), and the entry itself is what tells a change that matters from one
 //! that does not.
+//!
+//! And they keep only the objects that may be of a set that concerns us (a [`Keep`] predicate,
+//! [`crate::runtime::interest`]): an object already kept follows every change, a new one is
+//! kept if it may be such a set's. A set that comes to concern us later has its objects listed
+//! and merged in ([`Cache::merge`]) by resourceVersion, the newest state winning: a watch event
+//! older than what a list brought is not applied, and a deletion seen while a list is in
+//! flight is remembered (a tombstone) so the list cannot bring the object back.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 use drain_api::claim_annotations;
@@ -167,12 +175,24 @@ struct Inner<E> {
     by_namespace: HashMap<Box<str>, HashMap<Box<str>, Slot<E>>>,
     /// Counts the watch's (re)lists: at the end of one, the objects it did not list are gone.
     epoch: u32,
+    /// The deletions seen while a fill's list is in flight, by namespace and name: the
+    /// resourceVersion of each.
+    tombstones: HashMap<(Box<str>, Box<str>), u64>,
 }
 
-/// A compact cache of one kind of object, filled by [`Cache::changes`].
+/// Whether a cache keeps a new object (by namespace, name and metadata).
+pub type Keep = Arc<dyn Fn(&str, &str, &ObjectMeta) -> bool + Send + Sync>;
+
+/// A compact cache of one kind of object, filled by [`Cache::changes`] and [`Cache::merge`].
 pub struct Cache<E> {
     inner: Arc<RwLock<Inner<E>>>,
     synced: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Which new objects are kept (`None`: all).
+    keep: Option<Keep>,
+    /// The index kept of the cached objects, if any.
+    indexed: Option<Indexed>,
+    /// Fills whose list is in flight (deletions are remembered meanwhile).
+    filling: Arc<AtomicU32>,
 }
 
 impl<E> Clone for Cache<E> {
@@ -180,20 +200,51 @@ impl<E> Clone for Cache<E> {
         Self {
             inner: Arc::clone(&self.inner),
             synced: Arc::clone(&self.synced),
+            keep: self.keep.clone(),
+            indexed: self.indexed.clone(),
+            filling: Arc::clone(&self.filling),
         }
     }
 }
 
 impl<E> Default for Cache<E> {
     fn default() -> Self {
+        Self::new(None, None)
+    }
+}
+
+impl<E> Cache<E> {
+    /// An empty cache that keeps the new objects `keep` accepts (`None`: all), and `indexed`'s
+    /// index of them.
+    pub fn new(keep: Option<Keep>, indexed: Option<Indexed>) -> Self {
         Self {
             inner: Arc::new(RwLock::new(Inner {
                 by_namespace: HashMap::new(),
                 epoch: 0,
+                tombstones: HashMap::new(),
             })),
             synced: Arc::new(tokio::sync::watch::channel(false).0),
+            keep,
+            indexed,
+            filling: Arc::default(),
         }
     }
+}
+
+/// Whether a state seen at `version` is older than one seen at `than` (0: unknown, never older).
+fn older(version: u64, than: u64) -> bool {
+    version != 0 && than != 0 && version < than
+}
+
+/// What [`Cache::upsert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upserted {
+    /// The object is new and not kept.
+    NotKept,
+    /// It is cached, and its entry is as it was.
+    Kept,
+    /// It is cached, new or with a changed entry.
+    Changed,
 }
 
 /// The watch feeding a cache ended before its first list completed.
@@ -249,47 +300,126 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         Some((slot.entry.clone(), slot.version))
     }
 
-    /// Stores `entry`, seen at `version`; whether it differs from what was cached.
-    fn upsert(&self, namespace: &str, name: &str, entry: E, version: u64) -> bool {
+    /// Stores `entry`, seen at `version`, if the object is cached already or `keep_new`
+    /// says to keep it: whether it was stored and whether it differs from what was cached. A
+    /// state older than the cached one is not stored (the object counts as listed, though).
+    fn upsert(
+        &self,
+        namespace: &str,
+        name: &str,
+        entry: E,
+        version: u64,
+        keep_new: impl FnOnce() -> bool,
+    ) -> Upserted {
         let mut inner = self.inner.write().expect("cache lock");
         let epoch = inner.epoch;
-        let names = match inner.by_namespace.get_mut(namespace) {
-            Some(names) => names,
-            None => inner.by_namespace.entry(namespace.into()).or_default(),
-        };
-        match names.get_mut(name) {
-            Some(slot) => {
-                slot.epoch = epoch;
-                slot.version = version;
-                if slot.entry == entry {
-                    false
-                } else {
-                    slot.entry = entry;
-                    true
-                }
+        if let Some(slot) = inner
+            .by_namespace
+            .get_mut(namespace)
+            .and_then(|names| names.get_mut(name))
+        {
+            slot.epoch = epoch;
+            if older(version, slot.version) {
+                return Upserted::Kept;
             }
-            None => {
-                names.insert(
-                    name.into(),
-                    Slot {
-                        entry,
-                        version,
-                        epoch,
-                    },
-                );
-                true
+            slot.version = version;
+            if slot.entry == entry {
+                return Upserted::Kept;
+            }
+            slot.entry = entry;
+            return Upserted::Changed;
+        }
+        if !keep_new() {
+            return Upserted::NotKept;
+        }
+        inner
+            .by_namespace
+            .entry(namespace.into())
+            .or_default()
+            .insert(
+                name.into(),
+                Slot {
+                    entry,
+                    version,
+                    epoch,
+                },
+            );
+        Upserted::Changed
+    }
+
+    /// Forgets the object deleted at `version`, unless the cache holds a newer state of it (a
+    /// list merged in after the deletion brought a new object of that name); whether it did.
+    /// While a fill is in flight, the deletion is remembered.
+    fn remove(&self, namespace: &str, name: &str, version: u64) -> bool {
+        let mut inner = self.inner.write().expect("cache lock");
+        if self.filling.load(Ordering::SeqCst) > 0 {
+            let at = inner
+                .tombstones
+                .entry((namespace.into(), name.into()))
+                .or_default();
+            *at = (*at).max(version);
+        }
+        let Some(names) = inner.by_namespace.get_mut(namespace) else {
+            return false;
+        };
+        let removed = match names.get(name) {
+            Some(slot) if older(version, slot.version) => false,
+            Some(_) => names.remove(name).is_some(),
+            None => false,
+        };
+        if names.is_empty() {
+            inner.by_namespace.remove(namespace);
+        }
+        removed
+    }
+
+    /// A fill starts: its list is about to be asked for, so deletions from now on are
+    /// remembered until it is merged ([`Cache::merge`]) or abandoned ([`Cache::end_fill`]).
+    pub fn begin_fill(&self) {
+        self.filling.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A fill ended (merged or failed): once none is in flight, the tombstones go.
+    pub fn end_fill(&self) {
+        if self.filling.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let mut inner = self.inner.write().expect("cache lock");
+            if self.filling.load(Ordering::SeqCst) == 0 {
+                inner.tombstones = HashMap::new();
             }
         }
     }
 
-    fn remove(&self, namespace: &str, name: &str) {
-        let mut inner = self.inner.write().expect("cache lock");
-        if let Some(names) = inner.by_namespace.get_mut(namespace) {
-            names.remove(name);
-            if names.is_empty() {
-                inner.by_namespace.remove(namespace);
+    /// Merges a list of objects (taken after [`Cache::begin_fill`]): each that the cache keeps
+    /// is stored unless the cache holds a newer state of it, or it was deleted after the list
+    /// saw it. Returns how many were stored.
+    pub fn merge<K: Compact<Entry = E>>(&self, listed: impl IntoIterator<Item = K>) -> usize {
+        let mut stored = 0;
+        for obj in listed {
+            let (ns, name) = obj.key();
+            let version = version_of(obj.metadata());
+            let deleted_after = {
+                let inner = self.inner.read().expect("cache lock");
+                inner
+                    .tombstones
+                    .get(&(ns.into(), name.into()))
+                    .is_some_and(|&at| !older(at, version) && at != 0)
+            };
+            if deleted_after {
+                continue;
+            }
+            let keep = || self.keeps(ns, name, obj.metadata());
+            if self.upsert(ns, name, obj.entry(), version, keep) == Upserted::Changed {
+                stored += 1;
+                if let Some(i) = &self.indexed {
+                    i.index.insert(&(i.sets)(ns, name), name);
+                }
             }
         }
+        stored
+    }
+
+    fn keeps(&self, namespace: &str, name: &str, meta: &ObjectMeta) -> bool {
+        self.keep.as_ref().is_none_or(|k| k(namespace, name, meta))
     }
 
     /// A (re)list starts: what it does not list is forgotten when it ends.
@@ -326,24 +456,27 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
 
     /// The objects to pass on for one watch event: those whose entry changed, and every
     /// deleted one.
-    fn on<K: Compact<Entry = E>>(
-        &self,
-        event: watcher::Event<K>,
-        indexed: Option<&Indexed>,
-    ) -> Option<K> {
+    fn on<K: Compact<Entry = E>>(&self, event: watcher::Event<K>) -> Option<K> {
+        let indexed = self.indexed.as_ref();
         match event {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 let (ns, name) = obj.key();
+                let version = version_of(obj.metadata());
+                let keep = || self.keeps(ns, name, obj.metadata());
+                let upserted = self.upsert(ns, name, obj.entry(), version, keep);
+                if upserted == Upserted::NotKept {
+                    return None;
+                }
                 if let Some(i) = indexed {
                     i.index.insert(&(i.sets)(ns, name), name);
                 }
-                let version = version_of(obj.metadata());
-                self.upsert(ns, name, obj.entry(), version).then_some(obj)
+                (upserted == Upserted::Changed).then_some(obj)
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = obj.key();
-                self.remove(ns, name);
-                if let Some(i) = indexed {
+                if self.remove(ns, name, version_of(obj.metadata()))
+                    && let Some(i) = indexed
+                {
                     i.index.remove(&(i.sets)(ns, name), name);
                 }
                 Some(obj)
@@ -363,12 +496,11 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         }
     }
 
-    /// Keeps this cache (and `indexed`'s index) from a watch, and passes on the objects whose
-    /// entry changed and every deleted one.
+    /// Keeps this cache (and its index) from a watch, and passes on the objects whose entry
+    /// changed and every deleted one.
     pub fn changes<K, S>(
         &self,
         events: S,
-        indexed: Option<Indexed>,
     ) -> impl Stream<Item = Result<K, watcher::Error>> + use<K, S, E>
     where
         K: Compact<Entry = E> + Send + 'static,
@@ -376,7 +508,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
     {
         let cache = self.clone();
         events
-            .map_ok(move |event| stream::iter(cache.on(event, indexed.as_ref()).map(Ok)))
+            .map_ok(move |event| stream::iter(cache.on(event).map(Ok)))
             .try_flatten()
     }
 }
@@ -416,7 +548,7 @@ mod tests {
     }
 
     fn passed<K: Compact>(cache: &Cache<K::Entry>, event: watcher::Event<K>) -> bool {
-        cache.on(event, None).is_some()
+        cache.on(event).is_some()
     }
 
     #[test]
@@ -485,7 +617,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_relist_forgets_what_it_did_not_list_and_unindexes_it() {
-        let cache = Cache::default();
         let indexed = Indexed {
             sets: |ns, name| {
                 vec![(
@@ -495,7 +626,8 @@ mod tests {
             },
             index: Index::default(),
         };
-        let on = |e| cache.on(e, Some(&indexed)).is_some();
+        let cache = Cache::new(None, Some(indexed.clone()));
+        let on = |e| cache.on(e).is_some();
         assert!(!on(watcher::Event::Init));
         assert!(on(watcher::Event::InitApply(claim("data-web-0", None))));
         assert!(on(watcher::Event::InitApply(claim("data-web-1", None))));
@@ -519,18 +651,102 @@ mod tests {
         assert_eq!(cache.len(), 2);
     }
 
+    fn pod_at(name: &str, uid: &str, version: u64) -> PartialObjectMeta<Pod> {
+        let mut p = pod(name, uid, false);
+        p.metadata.resource_version = Some(version.to_string());
+        p
+    }
+
+    fn only(prefix: &'static str) -> Option<Keep> {
+        Some(Arc::new(move |_: &str, name: &str, _: &ObjectMeta| {
+            name.starts_with(prefix)
+        }))
+    }
+
+    #[test]
+    fn a_new_object_is_kept_only_if_wanted_but_a_kept_one_follows_every_change() {
+        let cache = Cache::new(only("web-"), None);
+        assert!(!passed(
+            &cache,
+            watcher::Event::Apply(pod_at("db-0", "a", 5))
+        ));
+        assert!(cache.get("ns", "db-0").is_none());
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod_at("web-0", "a", 5))
+        ));
+        assert_eq!(cache.len(), 1);
+        // A deletion passes on whether or not the object was kept (routes decide).
+        assert!(passed(
+            &cache,
+            watcher::Event::Delete(pod_at("db-0", "a", 6))
+        ));
+        assert!(passed(
+            &cache,
+            watcher::Event::Delete(pod_at("web-0", "a", 7))
+        ));
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn an_older_state_never_overwrites_a_newer_one() {
+        let cache = Cache::default();
+        cache.on(watcher::Event::Apply(pod_at("web-0", "b", 20)));
+        // A watch event older than what a list brought: not applied.
+        assert!(!passed(
+            &cache,
+            watcher::Event::Apply(pod_at("web-0", "a", 10))
+        ));
+        assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "b");
+        // A deletion older than the cached state (of the object that had the name before).
+        cache.on(watcher::Event::Delete(pod_at("web-0", "a", 15)));
+        assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "b");
+        cache.on(watcher::Event::Delete(pod_at("web-0", "b", 25)));
+        assert!(cache.get("ns", "web-0").is_none());
+    }
+
+    #[test]
+    fn a_fill_merges_by_version_and_cannot_bring_back_what_was_deleted_meanwhile() {
+        let cache = Cache::new(only("web-"), None);
+        // Kept from the watch since the set concerned us: web-0 at 30 (newer than the list).
+        cache.begin_fill();
+        cache.on(watcher::Event::Apply(pod_at("web-0", "new", 30)));
+        // web-1 deleted at 26, after the list (taken at 25) saw it at 21; never cached.
+        cache.on(watcher::Event::Delete(pod_at("web-1", "a", 26)));
+        let listed = vec![
+            pod_at("web-0", "old", 22),
+            pod_at("web-1", "a", 21),
+            pod_at("web-2", "a", 23),
+            pod_at("db-0", "a", 24),
+        ];
+        assert_eq!(cache.merge(listed), 1);
+        cache.end_fill();
+        assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "new");
+        assert!(
+            cache.get("ns", "web-1").is_none(),
+            "a deleted pod came back"
+        );
+        assert!(cache.get("ns", "web-2").is_some());
+        assert!(cache.get("ns", "db-0").is_none(), "not wanted");
+        // The tombstones go with the last fill: a later object of that name is kept.
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod_at("web-1", "b", 40))
+        ));
+    }
+
     #[tokio::test]
     async fn not_ready_until_the_first_list_is_cached() {
         let cache: Cache<PodEntry> = Cache::default();
-        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::Init, None);
-        cache.on(watcher::Event::InitApply(pod("web-0", "a", false)), None);
+        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::Init);
+        cache.on(watcher::Event::InitApply(pod("web-0", "a", false)));
         let early = tokio::time::timeout(
             std::time::Duration::from_millis(20),
             cache.wait_until_ready(),
         )
         .await;
         assert!(early.is_err(), "ready before the list was done");
-        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::InitDone, None);
+        cache.on(watcher::Event::<PartialObjectMeta<Pod>>::InitDone);
         cache.wait_until_ready().await.unwrap();
     }
 }

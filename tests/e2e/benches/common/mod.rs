@@ -14,6 +14,7 @@
 
 pub mod floor;
 pub mod poc;
+pub mod process;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

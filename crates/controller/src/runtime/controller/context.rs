@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 
 use super::memory::Memory;
 
@@ -116,22 +116,22 @@ pub struct Context {
     pub(super) ready: tokio::sync::watch::Receiver<bool>,
     /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
     pub(super) retained: Arc<tokio::sync::Notify>,
-    /// The built-in StatefulSets' cache.
-    pub(super) sets: Store<StatefulSet>,
+    /// The sets whose pods and claims the caches keep.
+    pub(super) interest: Arc<crate::runtime::interest::Interest>,
+    /// The names of every built-in StatefulSet.
+    pub(super) names: Arc<crate::runtime::interest::SetNames>,
+    /// The names of every Advanced StatefulSet (none until that kind is served).
+    pub(super) advanced_names: Arc<crate::runtime::interest::SetNames>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
 }
 
 impl Context {
-    /// Whether a set of `kind` named `name` is in `ns`, per the caches of the sets (`None`:
-    /// of either kind).
+    /// Whether a set of `kind` named `name` is in `ns`, per the names of the sets the watches
+    /// keep (`None`: of either kind).
     pub(super) fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
-        let builtin = || self.sets.get(&ObjectRef::new(name).within(ns)).is_some();
-        let advanced = || {
-            self.advanced
-                .get()
-                .is_some_and(|s| s.get(&ObjectRef::new(name).within(ns)).is_some())
-        };
+        let builtin = || self.names.contains(ns, name);
+        let advanced = || self.advanced_names.contains(ns, name);
         match kind {
             Some(SetKind::StatefulSet) => builtin(),
             Some(SetKind::Advanced) => advanced(),

@@ -44,19 +44,13 @@ impl Twin {
 }
 
 impl Context {
-    /// The kind of the cached set of the other kind named like this one, if there is one.
+    /// The kind of the set of the other kind named like this one, if the watches know one.
     pub(super) fn twin_cached(&self, kind: SetKind, ns: &str, name: &str) -> Option<SetKind> {
-        match kind {
-            SetKind::StatefulSet => self
-                .advanced
-                .get()
-                .and_then(|s| s.get(&ObjectRef::new(name).within(ns)))
-                .map(|_| SetKind::Advanced),
-            SetKind::Advanced => self
-                .sets
-                .get(&ObjectRef::new(name).within(ns))
-                .map(|_| SetKind::StatefulSet),
-        }
+        let twin = match kind {
+            SetKind::StatefulSet => SetKind::Advanced,
+            SetKind::Advanced => SetKind::StatefulSet,
+        };
+        self.set_exists(Some(twin), ns, name).then_some(twin)
     }
 
     /// The live API of the other kind, when it is served.

@@ -185,6 +185,12 @@ pub(super) async fn admit<K: ServedSet>(
         None => set,
     };
     ctx.wait_ready().await?;
+    if !ctx.interest.ready(&ns, &name) {
+        // It came to concern us just now: its pods and claims are being listed, and it is
+        // planned once they are in (`fill`), not from a partial picture.
+        debug!("pods and claims not cached yet; planned once they are listed");
+        return Ok(Err(Requeue::await_change()));
+    }
     // Before anything that may end the reconcile early (a name clash among them).
     let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set)).await;
     let set_ref = set_reference(K::KIND, &set);

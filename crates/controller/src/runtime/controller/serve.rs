@@ -17,7 +17,7 @@ use super::backoff::error_policy;
 use super::context::{Context, Stopped};
 use super::kinds::wait_for_advanced;
 use super::reconcile::reconcile;
-use super::watches::set_watch;
+use super::watches::{SetWatch, set_watch};
 
 use crate::set_kind::{AdvancedStatefulSet, ServedSet};
 
@@ -107,7 +107,10 @@ pub(super) async fn serve_advanced(
     ctx: Arc<Context>,
     discovery: Discovery,
     store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-    gone_tx: mpsc::UnboundedSender<()>,
+    (gone_tx, fills_tx): (
+        mpsc::UnboundedSender<()>,
+        mpsc::UnboundedSender<crate::runtime::watch::SetKey>,
+    ),
     triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
     stop: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) -> Stopped {
@@ -118,11 +121,18 @@ pub(super) async fn serve_advanced(
     if !found {
         return Stopped::Clean;
     }
-    let (sets, stream, _) = set_watch::<AdvancedStatefulSet>(
+    let (sets, stream) = set_watch::<AdvancedStatefulSet>(
         &ctx.client,
         ctx.scope.as_deref(),
-        ctx.drain_pod_index.clone(),
-        gone_tx,
+        SetWatch {
+            in_flight: ctx.drain_pod_index.clone(),
+            gone: gone_tx,
+            interest: Arc::clone(&ctx.interest),
+            names: Arc::clone(&ctx.advanced_names),
+            fills: fills_tx,
+            listed: tokio::sync::watch::channel(false).0,
+        },
+        std::future::ready(()),
     );
     let _ = store.set(sets.clone());
     serve(Arc::clone(&ctx), sets, stream, triggers, stop).await

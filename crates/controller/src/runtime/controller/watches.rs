@@ -22,7 +22,8 @@ use super::api::api;
 use super::context::Recents;
 use super::kinds::Released;
 
-use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
+use crate::runtime::interest::{Entered, Interest, SetNames, wants_claim, wants_pod};
+use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, Keep, PodEntry};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::watch;
 use crate::runtime::watch::{Filter, Index, SetKey};
@@ -235,6 +236,17 @@ impl Routes {
         }
     }
 
+    /// Triggers the cached sets of either kind named `set` in `ns` (once their pods and claims
+    /// are filled in).
+    pub(super) fn set_named(&self, ns: &str, set: &str) {
+        if let Some(r) = any_set_ref(&self.sets, set, ns) {
+            let _ = self.to_sets.send(r);
+        }
+        if let Some(r) = self.advanced.get().and_then(|s| any_set_ref(s, set, ns)) {
+            let _ = self.to_advanced.send(r);
+        }
+    }
+
     /// Triggers the set a drain pod is labelled with, of either kind, opted in or not: a drain
     /// in flight is completed either way.
     pub(super) fn drain_pod(&self, pod: &Pod) {
@@ -306,21 +318,85 @@ pub(super) struct Secondary {
     pub(super) claim_index: Index,
 }
 
+/// When the secondary watches start: the drain pods first (whether a set has drains in flight
+/// decides whether it concerns us); the stateful pods and claims once the built-in sets are
+/// listed, so that their first lists cover every set that concerned us by then.
+pub(super) struct Order {
+    /// Flipped once the drain pods are listed (the sets' watch waits for it).
+    pub(super) drain_pods_listed: tokio::sync::watch::Sender<bool>,
+    /// Flips once the built-in sets are listed.
+    pub(super) sets_listed: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Resolves once `flag` is `true` (or its sender is gone).
+pub(super) async fn flipped(mut flag: tokio::sync::watch::Receiver<bool>) {
+    let _ = flag.wait_for(|f| *f).await;
+}
+
+/// `events`, started only once `gate` resolves.
+fn after<S: Stream>(gate: impl Future<Output = ()>, events: S) -> impl Stream<Item = S::Item> {
+    futures::stream::once(async move {
+        gate.await;
+        events
+    })
+    .flatten()
+}
+
 impl Secondary {
-    /// Starts the watches (they run once their streams are driven): the caches, the streams,
-    /// and the drain pods released to OpenKruise that were deleted ([`tell_kruise`]).
+    /// Starts the watches (they run once their streams are driven, in `order`): the caches,
+    /// which keep only the pods and claims of sets in `interest`, the streams, and the drain
+    /// pods released to OpenKruise that were deleted ([`tell_kruise`]).
     pub(super) fn watch(
         client: &Client,
         ns: Option<&str>,
         metrics: &Arc<Metrics>,
+        interest: &Arc<Interest>,
+        order: Order,
     ) -> (Self, Streams, mpsc::UnboundedReceiver<Released>) {
         let (drain_pod_index, claim_index) = (Index::default(), Index::default());
         let (released_tx, released) = mpsc::unbounded_channel();
         let (drain_pods, dp_writer) = reflector::store();
         let recent = Arc::new(Recents::default());
-        let (stateful_pods, claims) = (Cache::default(), Cache::default());
+        let keep_pod: Keep = {
+            let interest = Arc::clone(interest);
+            Arc::new(move |ns, name, meta| {
+                let controllers = meta
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .filter(|o| o.controller == Some(true))
+                    .map(|o| o.name.as_str());
+                wants_pod(&interest, ns, name, controllers)
+            })
+        };
+        let keep_claim: Keep = {
+            let interest = Arc::clone(interest);
+            Arc::new(move |ns, name, _| wants_claim(&interest, ns, name))
+        };
+        let stateful_pods = Cache::new(Some(keep_pod), None);
+        let claims = Cache::new(
+            Some(keep_claim),
+            Some(Indexed {
+                sets: claim_sets,
+                index: claim_index.clone(),
+            }),
+        );
+        let caches_start = {
+            let (interest, listed) = (Arc::clone(interest), order.sets_listed);
+            move || {
+                let (interest, listed) = (Arc::clone(&interest), listed.clone());
+                async move {
+                    flipped(listed).await;
+                    interest.caches_start();
+                }
+            }
+        };
         let streams = (
-            stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)).boxed(),
+            after(
+                caches_start(),
+                stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)),
+            )
+            .boxed(),
             drain_pod_watch(
                 client,
                 ns,
@@ -328,9 +404,10 @@ impl Secondary {
                 drain_pod_index.clone(),
                 released_tx,
                 Arc::clone(&recent),
+                order.drain_pods_listed,
             )
             .boxed(),
-            claim_watch(client, ns, &claims, claim_index.clone()).boxed(),
+            after(caches_start(), claim_watch(client, ns, &claims)).boxed(),
         );
         let secondary = Self {
             stateful_pods,
@@ -381,36 +458,141 @@ pub(super) async fn drive<K>(
         .await;
 }
 
-/// The watch of one kind of set: its cache, the sets that opted in or have drains in flight,
-/// and a flag that turns `true` once the sets have been listed. Each deletion and each
-/// (re)list, once in the cache, is told on `gone` (see [`Context::forget_gone_sets`]).
+/// What the watch of one kind of set shares with the rest of its scope.
+pub(super) struct SetWatch {
+    /// Drain pods by set: whether a set has drains in flight.
+    pub(super) in_flight: Index,
+    /// Told of each deletion and each (re)list (see [`Context::forget_gone_sets`]).
+    pub(super) gone: mpsc::UnboundedSender<()>,
+    /// The sets whose pods and claims are kept.
+    pub(super) interest: Arc<Interest>,
+    /// The names of every set of this kind.
+    pub(super) names: Arc<SetNames>,
+    /// Sets to fill in ([`super::fill`]).
+    pub(super) fills: mpsc::UnboundedSender<SetKey>,
+    /// Flipped once the sets are listed.
+    pub(super) listed: tokio::sync::watch::Sender<bool>,
+}
+
+/// Of the events of one kind of set's watch, those of the sets that concern us (opted in, with
+/// drains in flight, or with a status of ours), so that the cache holds only them; a set that
+/// stops concerning us is deleted from the cache. Each set that comes to concern us enters
+/// `interest`, and is sent to be filled in if it needs to be.
+struct Concerning<K: ServedSet> {
+    in_flight: Index,
+    interest: Arc<Interest>,
+    fills: mpsc::UnboundedSender<SetKey>,
+    cached: Store<K>,
+    relisted: Option<std::collections::HashSet<(String, String)>>,
+}
+
+impl<K: ServedSet> Concerning<K> {
+    fn concerns(&self, set: &K) -> bool {
+        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+        let draining = !self.in_flight.names(&ns, &name).is_empty();
+        set_kind::concerns_us(set.meta(), draining)
+    }
+
+    fn enter(&self, set: &K) {
+        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+        if self.interest.enter(K::KIND, &ns, &name) == Entered::NeedsFill {
+            debug!(namespace = %ns, set = %name, "a set came to concern us; listing its pods and claims");
+            let _ = self.fills.send((ns, name));
+        }
+    }
+
+    fn leave(&self, set: &K) {
+        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+        self.interest.leave(K::KIND, &ns, &name);
+    }
+
+    fn on(&mut self, event: watcher::Event<K>) -> Option<watcher::Event<K>> {
+        match event {
+            watcher::Event::Apply(set) => {
+                if self.concerns(&set) {
+                    self.enter(&set);
+                    return Some(watcher::Event::Apply(set));
+                }
+                self.leave(&set);
+                // Deleted from the cache if it was there (it concerned us until now).
+                let cached = self.cached.get(&ObjectRef::from_obj(&set)).is_some();
+                cached.then_some(watcher::Event::Delete(set))
+            }
+            watcher::Event::InitApply(set) => {
+                if !self.concerns(&set) {
+                    return None;
+                }
+                self.enter(&set);
+                if let Some(listed) = self.relisted.as_mut() {
+                    listed.insert((set.namespace().unwrap_or_default(), set.name_any()));
+                }
+                Some(watcher::Event::InitApply(set))
+            }
+            watcher::Event::Delete(set) => {
+                self.leave(&set);
+                Some(watcher::Event::Delete(set))
+            }
+            watcher::Event::Init => {
+                self.relisted = Some(Default::default());
+                Some(watcher::Event::Init)
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.relisted.take() {
+                    self.interest.retain(K::KIND, &listed);
+                }
+                Some(watcher::Event::InitDone)
+            }
+        }
+    }
+}
+
+/// The watch of one kind of set, started once `start` resolves: its cache (of the sets that
+/// concern us, [`Concerning`]), the stream of changes of those sets, and `shared.listed`
+/// flipped once the sets have been listed. Each deletion and each (re)list, once in the cache,
+/// is told on `gone`; every set's name is kept in `names`.
 pub(super) fn set_watch<K: ServedSet>(
     client: &Client,
     ns: Option<&str>,
-    in_flight: Index,
-    gone: mpsc::UnboundedSender<()>,
+    shared: SetWatch,
+    start: impl Future<Output = ()> + Send + 'static,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-    tokio::sync::watch::Receiver<bool>,
 ) {
+    let SetWatch {
+        in_flight,
+        gone,
+        interest,
+        names,
+        fills,
+        listed,
+    } = shared;
     let (sets, writer) = reflector::store();
-    let (listed, listed_rx) = tokio::sync::watch::channel(false);
+    let mut concerning = Concerning {
+        in_flight: in_flight.clone(),
+        interest,
+        fills,
+        cached: sets.clone(),
+        relisted: None,
+    };
+    let events = watcher(api::<K>(client, ns), watcher::Config::default())
+        .default_backoff()
+        .modify(K::slim)
+        .inspect_ok(move |event| names.on(event))
+        .try_filter_map(move |event| future::ready(Ok(concerning.on(event))))
+        .reflect(writer)
+        .inspect_ok(move |event| match event {
+            watcher::Event::InitDone => {
+                listed.send_replace(true);
+                let _ = gone.send(());
+            }
+            watcher::Event::Delete(_) => {
+                let _ = gone.send(());
+            }
+            _ => {}
+        });
     let stream = watch::changes(
-        watcher(api::<K>(client, ns), watcher::Config::default())
-            .default_backoff()
-            .modify(K::slim)
-            .reflect(writer)
-            .inspect_ok(move |event| match event {
-                watcher::Event::InitDone => {
-                    listed.send_replace(true);
-                    let _ = gone.send(());
-                }
-                watcher::Event::Delete(_) => {
-                    let _ = gone.send(());
-                }
-                _ => {}
-            }),
+        after(start, events),
         Filter {
             fingerprint: set_fingerprint::<K>,
             sets: |_| Vec::new(),
@@ -423,10 +605,11 @@ pub(super) fn set_watch<K: ServedSet>(
             .is_empty();
         future::ready(set_kind::concerns_us(s.meta(), draining))
     });
-    (sets, stream, listed_rx)
+    (sets, stream)
 }
 
-/// The watch of drain pods (label `DRAIN_POD`), slimmed, into `writer`'s store and `index`.
+/// The watch of drain pods (label `DRAIN_POD`), slimmed, into `writer`'s store and `index`;
+/// `listed` flips once they are listed.
 /// Each deleted drain pod that had been released to OpenKruise is told on `released`; each one
 /// passed on outside a relist is marked seen in `recent` (a drain pod passed on is in the cache
 /// and the index, except during a relist: kube's reflector applies a list only at its end).
@@ -437,6 +620,7 @@ pub(super) fn drain_pod_watch(
     index: Index,
     released: mpsc::UnboundedSender<Released>,
     recent: Arc<Recents>,
+    listed: tokio::sync::watch::Sender<bool>,
 ) -> impl Stream<Item = Result<Pod, watcher::Error>> + Send + use<> {
     let relisting = Arc::new(AtomicBool::new(false));
     let events = watcher(
@@ -457,7 +641,10 @@ pub(super) fn drain_pod_watch(
         let relisting = Arc::clone(&relisting);
         move |event| match event {
             watcher::Event::Init => relisting.store(true, Ordering::Relaxed),
-            watcher::Event::InitDone => relisting.store(false, Ordering::Relaxed),
+            watcher::Event::InitDone => {
+                relisting.store(false, Ordering::Relaxed);
+                listed.send_replace(true);
+            }
             _ => {}
         }
     });
@@ -491,15 +678,14 @@ pub(super) fn stateful_pod_watch(
             metrics.pod_gone(&pod.namespace().unwrap_or_default(), &pod.name_any());
         }
     });
-    cache.changes(events, None)
+    cache.changes(events)
 }
 
-/// The watch of claims, metadata only, into `cache` and `index`.
+/// The watch of claims, metadata only, into `cache` (and its index).
 pub(super) fn claim_watch(
     client: &Client,
     ns: Option<&str>,
     cache: &Cache<ClaimEntry>,
-    index: Index,
 ) -> impl Stream<Item = Result<PartialObjectMeta<PersistentVolumeClaim>, watcher::Error>> + Send + use<>
 {
     let events = watcher(
@@ -507,11 +693,5 @@ pub(super) fn claim_watch(
         watcher::Config::default(),
     )
     .default_backoff();
-    cache.changes(
-        events,
-        Some(Indexed {
-            sets: claim_sets,
-            index,
-        }),
-    )
+    cache.changes(events)
 }
