@@ -259,8 +259,10 @@ pub(super) async fn create_drain_pod<C: Cluster>(
         }
         (Ok(true), cluster.create_pod(&pod).await)
     } else {
-        let (orphaned, created) =
-            futures::join!(cluster.still_orphaned(ordinal), cluster.create_pod(&pod));
+        // The create is polled first, so it goes out first and takes the connection that is
+        // warm (an HTTP/1.1 client has one request per connection; the read may need a new one).
+        let (created, orphaned) =
+            futures::join!(cluster.create_pod(&pod), cluster.still_orphaned(ordinal));
         (orphaned.map_err(confirm), created)
     };
     let created = match (created, &orphaned) {

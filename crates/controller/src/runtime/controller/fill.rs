@@ -25,8 +25,8 @@ use crate::runtime::meta_cache::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::watch::SetKey;
 
-/// Objects per page of a fill's lists.
-const PAGE: u32 = 250;
+/// Objects per page of a fill's lists (as the watches', [`super::watches::LIST_PAGE`]).
+const PAGE: u32 = super::watches::LIST_PAGE;
 
 /// What a fill needs: the client, the caches to fill, the interest to mark, and the metrics.
 pub(super) struct Filler {

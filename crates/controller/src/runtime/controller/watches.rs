@@ -458,6 +458,19 @@ pub(super) async fn drive<K>(
         .await;
 }
 
+/// Objects per page of the watches' lists (metadata: a pod's is about 4 KiB of JSON with its
+/// managed fields). A page is decoded whole, so the page size, not the cluster, sets the peak
+/// memory of a list: kube's default of 500 took the peak of a synced controller to 1.6x its
+/// empty figure at 1,000 pods.
+pub(super) const LIST_PAGE: u32 = 100;
+/// Objects per page of the lists of sets (whole objects, larger).
+const LIST_PAGE_SETS: u32 = 50;
+
+/// A watch configuration listing in pages of `page`.
+fn list_in_pages(page: u32) -> watcher::Config {
+    watcher::Config::default().page_size(page)
+}
+
 /// What the watch of one kind of set shares with the rest of its scope.
 pub(super) struct SetWatch {
     /// Drain pods by set: whether a set has drains in flight.
@@ -575,7 +588,7 @@ pub(super) fn set_watch<K: ServedSet>(
         cached: sets.clone(),
         relisted: None,
     };
-    let events = watcher(api::<K>(client, ns), watcher::Config::default())
+    let events = watcher(api::<K>(client, ns), list_in_pages(LIST_PAGE_SETS))
         .default_backoff()
         .modify(K::slim)
         .inspect_ok(move |event| names.on(event))
@@ -625,7 +638,7 @@ pub(super) fn drain_pod_watch(
     let relisting = Arc::new(AtomicBool::new(false));
     let events = watcher(
         api::<Pod>(client, ns),
-        watcher::Config::default().labels(labels::DRAIN_POD),
+        list_in_pages(LIST_PAGE).labels(labels::DRAIN_POD),
     )
     .default_backoff()
     .modify(slim_drain_pod)
@@ -670,7 +683,7 @@ pub(super) fn stateful_pod_watch(
 ) -> impl Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + use<> {
     let events = watcher(
         api::<PartialObjectMeta<Pod>>(client, ns),
-        watcher::Config::default().labels(labels::STATEFUL_POD_NAME),
+        list_in_pages(LIST_PAGE).labels(labels::STATEFUL_POD_NAME),
     )
     .default_backoff()
     .inspect_ok(move |event| {
@@ -690,7 +703,7 @@ pub(super) fn claim_watch(
 {
     let events = watcher(
         api::<PartialObjectMeta<PersistentVolumeClaim>>(client, ns),
-        watcher::Config::default(),
+        list_in_pages(LIST_PAGE),
     )
     .default_backoff();
     cache.changes(events)
