@@ -27,10 +27,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
+use common::load::{LOAD_LABEL, load_claim, load_pod, load_set};
 use common::process::{Memory, memory};
 use common::*;
-use drain_api::annotations::DRAINER_POD_TEMPLATE;
-use e2e::objects::{BUSYBOX, drain_template, sleeper};
 use e2e::{ControllerProcess, TestNamespace, client};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -40,99 +39,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-/// A StorageClass that does not exist: the load's claims stay Pending.
-const NO_CLASS: &str = "stsd-bench-no-such-class";
 /// Requests in flight while the load is made.
 const IN_FLIGHT: usize = 32;
 /// The goals, as ratios to the empty figure: RSS after sync, and peak.
 const STEADY_GOAL: f64 = 1.3;
 const PEAK_GOAL: f64 = 1.5;
-
-/// A load set of `replicas` (its pods are made by this program), opted in or not.
-fn load_set(name: &str, replicas: i32, opted_in: bool) -> StatefulSet {
-    let mut annotations = serde_json::Map::new();
-    if opted_in {
-        annotations.insert(
-            DRAINER_POD_TEMPLATE.to_owned(),
-            drain_template("true", &["data"], json!({"restartPolicy": "Never"})).into(),
-        );
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations, "labels": {"stsd-bench": "load"}},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "OnDelete"},
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name, "stsd-bench": "load"}},
-                "spec": {
-                    "nodeSelector": {"stsd-bench/no-such-node": "true"},
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "app",
-                        "image": BUSYBOX,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", sleeper("true")],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }]
-                }
-            },
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data", "labels": {"stsd-bench": "load"}},
-                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
-                         "resources": {"requests": {"storage": "10Mi"}}}
-            }],
-        }
-    }))
-    .expect("valid StatefulSet")
-}
-
-/// The claim of ordinal `ordinal` of load set `set`, as the StatefulSet controller makes it.
-fn load_claim(set: &str, ordinal: i32) -> PersistentVolumeClaim {
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("data-{set}-{ordinal}"),
-                     "labels": {"stsd-bench": "load", "app": set}},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
-                 "resources": {"requests": {"storage": "10Mi"}}}
-    }))
-    .expect("valid PersistentVolumeClaim")
-}
-
-/// The pod of ordinal `ordinal` of the load set `set` (UID `uid`), as the StatefulSet
-/// controller makes it: its identity and storage match, so the controller leaves it as it is.
-fn load_pod(set: &str, uid: &str, ordinal: i32) -> Pod {
-    let name = format!("{set}-{ordinal}");
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {
-                "app": set, "stsd-bench": "load",
-                "statefulset.kubernetes.io/pod-name": name,
-                "apps.kubernetes.io/pod-index": ordinal.to_string(),
-            },
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set,
-                                 "uid": uid, "controller": true, "blockOwnerDeletion": true}],
-        },
-        "spec": {
-            "hostname": name,
-            "subdomain": set,
-            "nodeSelector": {"stsd-bench/no-such-node": "true"},
-            "terminationGracePeriodSeconds": 2,
-            "containers": [{
-                "name": "app",
-                "image": BUSYBOX,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", sleeper("true")],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            }],
-            "volumes": [{"name": "data",
-                         "persistentVolumeClaim": {"claimName": format!("data-{set}-{ordinal}")}}],
-        }
-    }))
-    .expect("valid Pod")
-}
 
 /// Creates `objects` with `IN_FLIGHT` requests in flight; one that exists already is fine (the
 /// StatefulSet controller may have made a pod first).
@@ -188,14 +99,15 @@ async fn grow(
             .await?
             .uid()
             .context("the set's UID")?;
-        pods.extend((0..replicas).map(|o| load_pod(s, &uid, o)));
+        let set = load_set(s, replicas, false);
+        pods.extend((0..replicas).map(|o| load_pod(&set, &uid, o)));
     }
     create_all(&ns.api::<Pod>(), pods).await
 }
 
 /// How many load pods and claims exist in `ns`.
 async fn counts(ns: &TestNamespace) -> Result<(usize, usize)> {
-    let lp = ListParams::default().labels("stsd-bench=load");
+    let lp = ListParams::default().labels(LOAD_LABEL);
     let pods = ns.api::<Pod>().list_metadata(&lp).await?.items.len();
     let claims = ns
         .api::<PersistentVolumeClaim>()

@@ -34,10 +34,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use common::load::{LOAD_LABEL, load_claim, load_set};
 use common::process::{Memory, memory};
 use common::*;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
-use e2e::objects::{BUSYBOX, SetBuilder, drain_template, sleeper};
+use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client};
 use futures::{StreamExt, TryStreamExt};
@@ -49,69 +50,12 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 
-/// The label on every object of the load.
-const LOAD_LABEL: &str = "stsd-bench=load";
-/// A StorageClass that does not exist: the load's claims stay Pending.
-const NO_CLASS: &str = "stsd-bench-no-such-class";
 /// Requests in flight while the load is created.
 const IN_FLIGHT: usize = 16;
 /// The controllers' log filter: the usual one, plus one line per HTTP request they send.
 const LOG_FILTER: &str = "info,kube=warn,kube_client::client::builder=debug";
 /// The goal for the memory after sync.
 const RSS_GOAL_MIB: f64 = 40.0;
-
-/// A load set: `replicas` Pending pods (their node selector matches no node), each with a
-/// Pending claim (no such StorageClass); opted in or not.
-fn load_set(name: &str, replicas: i32, opted_in: bool) -> StatefulSet {
-    let mut annotations = serde_json::Map::new();
-    if opted_in {
-        annotations.insert(
-            DRAINER_POD_TEMPLATE.to_owned(),
-            drain_template("true", &["data"], json!({"restartPolicy": "Never"})).into(),
-        );
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations, "labels": {"stsd-bench": "load"}},
-        "spec": {
-            "replicas": replicas,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name, "stsd-bench": "load"}},
-                "spec": {
-                    "nodeSelector": {"stsd-bench/no-such-node": "true"},
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "app",
-                        "image": BUSYBOX,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", sleeper("true")],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }]
-                }
-            },
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data", "labels": {"stsd-bench": "load"}},
-                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
-                         "resources": {"requests": {"storage": "10Mi"}}}
-            }],
-        }
-    }))
-    .expect("valid StatefulSet")
-}
-
-/// The claim of ordinal `ordinal` of load set `set`, as the StatefulSet controller would make it
-/// from the claim template of [`load_set`].
-fn load_claim(set: &str, ordinal: i32) -> PersistentVolumeClaim {
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("data-{set}-{ordinal}"),
-                     "labels": {"stsd-bench": "load", "app": set}},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
-                 "resources": {"requests": {"storage": "10Mi"}}}
-    }))
-    .expect("valid PersistentVolumeClaim")
-}
 
 /// The controller process's pid: the child of this program running the controller binary.
 fn controller_pid() -> Result<u32> {

@@ -13,6 +13,7 @@
 //!   timed by the same watches.
 
 pub mod floor;
+pub mod load;
 pub mod poc;
 pub mod process;
 

@@ -1,0 +1,108 @@
+//! The load of the scale and memory benchmarks: StatefulSets whose pods and claims stay
+//! Pending, and their claims and pods made as the StatefulSet controller makes them.
+
+use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use e2e::objects::{BUSYBOX, drain_template, sleeper};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use serde_json::json;
+
+/// The label on every object of the load.
+pub const LOAD_LABEL: &str = "stsd-bench=load";
+/// A StorageClass that does not exist: the load's claims stay Pending.
+pub const NO_CLASS: &str = "stsd-bench-no-such-class";
+
+/// A load set: `replicas` Pending pods (their node selector matches no node), each with a
+/// Pending claim (no such StorageClass); opted in or not. `OnDelete`: the StatefulSet controller
+/// makes its missing pods but changes none it finds.
+pub fn load_set(name: &str, replicas: i32, opted_in: bool) -> StatefulSet {
+    let mut annotations = serde_json::Map::new();
+    if opted_in {
+        annotations.insert(
+            DRAINER_POD_TEMPLATE.to_owned(),
+            drain_template("true", &["data"], json!({"restartPolicy": "Never"})).into(),
+        );
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations, "labels": {"stsd-bench": "load"}},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "stsd-bench": "load"}},
+                "spec": {
+                    "nodeSelector": {"stsd-bench/no-such-node": "true"},
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{
+                        "name": "app",
+                        "image": BUSYBOX,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", sleeper("true")],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }]
+                }
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data", "labels": {"stsd-bench": "load"}},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
+                         "resources": {"requests": {"storage": "10Mi"}}}
+            }],
+        }
+    }))
+    .expect("valid StatefulSet")
+}
+
+/// The claim of ordinal `ordinal` of load set `set`, as the StatefulSet controller makes it.
+pub fn load_claim(set: &str, ordinal: i32) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("data-{set}-{ordinal}"),
+                     "labels": {"stsd-bench": "load", "app": set}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": NO_CLASS,
+                 "resources": {"requests": {"storage": "10Mi"}}}
+    }))
+    .expect("valid PersistentVolumeClaim")
+}
+
+/// The pod of ordinal `ordinal` of the load set `set` (UID `uid`), as the StatefulSet
+/// controller makes it from the set's template: its identity and storage match, so the
+/// controller leaves it as it is.
+pub fn load_pod(set: &StatefulSet, uid: &str, ordinal: i32) -> Pod {
+    let name = format!("{}-{ordinal}", set.name_any());
+    let template = set
+        .spec
+        .as_ref()
+        .map(|s| s.template.clone())
+        .unwrap_or_default();
+    let mut pod = Pod {
+        metadata: template.metadata.unwrap_or_default(),
+        spec: template.spec,
+        ..Pod::default()
+    };
+    let labels = pod.metadata.labels.get_or_insert_default();
+    labels.insert("statefulset.kubernetes.io/pod-name".into(), name.clone());
+    labels.insert("apps.kubernetes.io/pod-index".into(), ordinal.to_string());
+    pod.metadata.name = Some(name.clone());
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "StatefulSet".into(),
+        name: set.name_any(),
+        uid: uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    let spec = pod.spec.get_or_insert_default();
+    spec.hostname = Some(name);
+    spec.subdomain = Some(set.name_any());
+    spec.volumes =
+        Some(vec![serde_json::from_value(json!({
+        "name": "data",
+        "persistentVolumeClaim": {"claimName": format!("data-{}-{ordinal}", set.name_any())},
+    }))
+    .expect("a volume")]);
+    pod
+}
