@@ -116,6 +116,11 @@ impl Interest {
 
     /// The set of `kind` no longer concerns us (opted out with nothing in flight, or deleted).
     pub fn leave(&self, kind: SetKind, namespace: &str, name: &str) {
+        // Called for every change of every set that does not concern us: the common case
+        // takes the read lock only.
+        if !self.wants(namespace, name) {
+            return;
+        }
         let mut inner = self.0.write().expect("interest lock");
         let Some(sets) = inner.by_namespace.get_mut(namespace) else {
             return;

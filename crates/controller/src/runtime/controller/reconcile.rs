@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drain_api::annotations;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -28,24 +27,6 @@ use crate::{act, plan, validate};
 /// The status annotation `report` renders to (`None`: nothing to report).
 pub(super) fn rendered(report: &StatusReport) -> Option<String> {
     (report != &StatusReport::default()).then(|| report.render())
-}
-
-/// The errors of the set's last report on the ordinals `actions` act on again: kept in the
-/// status written alongside the actions, so an action that keeps failing does not clear and
-/// re-add its error on every try (errors of ordinals with no action left are cleared).
-pub(super) fn errors_kept(set: &StatefulSet, actions: &[plan::Action]) -> BTreeMap<i32, String> {
-    let Some(last) = set
-        .annotations()
-        .get(annotations::STATUS)
-        .and_then(|s| StatusReport::parse(s))
-    else {
-        return BTreeMap::new();
-    };
-    last.errors
-        .into_iter()
-        .filter_map(|(o, e)| Some((o.parse::<i32>().ok()?, e)))
-        .filter(|(o, _)| actions.iter().any(|a| a.ordinal() == *o))
-        .collect()
 }
 
 /// Reconciles one StatefulSet that opted in, or that opted out with drains in flight:
@@ -108,17 +89,6 @@ pub(super) async fn reconcile<K: ServedSet>(
             )
             .await;
         }
-        // The status is handed to the writer before the actions, and written in the background
-        // (`status_writer`): a reconcile holds up the next one of its set (pods that go
-        // meanwhile wait), so it lasts only as long as its actions. It says what the plan
-        // expects, keeping the last errors of the ordinals acted on again; if an action fails,
-        // the errors are handed in once the actions are done.
-        let expected = StatusReport::of(
-            &plan.status,
-            checked.problem.clone(),
-            &errors_kept(&set, &plan.actions),
-        );
-        ctx.status.submit(K::KIND, &set, rendered(&expected));
         let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
@@ -128,11 +98,12 @@ pub(super) async fn reconcile<K: ServedSet>(
         ctx.metrics
             .record_reconcile(&ns, &name, &plan, &snap, &acted.not_carried_out());
 
-        // report: only if the outcome differs from what was handed in before the actions
+        // report: handed to the writer once the actions have answered, and written in the
+        // background (`status_writer`), so that no status write goes out beside a drain pod's
+        // create, and a reconcile (which holds up the next one of its set) lasts only as long
+        // as its actions.
         let outcome = StatusReport::of(&plan.status, checked.problem.clone(), &acted.errors);
-        if outcome != expected {
-            ctx.status.submit(K::KIND, &set, rendered(&outcome));
-        }
+        ctx.status.submit(K::KIND, &set, rendered(&outcome));
         settle::<K>(&ctx, &set, &plan, &snap, acted, withdrawals_left)
     }
     .instrument(span)

@@ -18,14 +18,12 @@ use super::api::gone_or_replaced;
 use super::backoff::next_failure;
 use super::context::keep_series;
 use super::kinds::Released;
-use super::reconcile::errors_kept;
 use super::serve::halt_at_once;
 use super::snapshot::{mark_deleted, newest_claim, with_created};
 use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::{recent, watch};
-use crate::status::StatusReport;
 use crate::{observe, plan};
 
 /// A stateful pod's cached entry, as a fingerprint: what passes its watch on.
@@ -494,34 +492,6 @@ fn set_fingerprint_ignores_the_annotations_the_controller_writes() {
         .into(),
     );
     assert_eq!(set_fingerprint(&set), before);
-}
-
-#[test]
-fn the_status_written_alongside_the_actions_keeps_only_the_errors_of_ordinals_acted_on_again() {
-    let mut set = StatefulSet::default();
-    let last = StatusReport::of(
-        &BTreeMap::new(),
-        None,
-        &BTreeMap::from([
-            (3, "create failed".to_owned()),
-            (4, "delete failed".to_owned()),
-        ]),
-    );
-    annotate(&mut set.metadata, annotations::STATUS, &last.render());
-    let warn = |ordinal| plan::Action::Warn {
-        ordinal,
-        reason: "DrainBlocked",
-        message: String::new(),
-    };
-    assert_eq!(
-        errors_kept(&set, &[warn(3), warn(5)]),
-        BTreeMap::from([(3, "create failed".to_owned())])
-    );
-    assert!(errors_kept(&set, &[]).is_empty());
-    // No report, or one that does not parse: nothing kept.
-    assert!(errors_kept(&StatefulSet::default(), &[warn(3)]).is_empty());
-    annotate(&mut set.metadata, annotations::STATUS, "not json");
-    assert!(errors_kept(&set, &[warn(3)]).is_empty());
 }
 
 fn drain_pod_named(name: &str, uid: &str, set: &str, version: u64) -> Pod {
