@@ -411,6 +411,39 @@ async fn opting_out_mid_drain_finishes_the_drain_in_flight_and_starts_no_new_one
     Ok(())
 }
 
+/// A controller that starts while a set that opted out (its status annotation gone too, so
+/// only its drain pod says it has a drain in flight) waits on a drain: the controller keeps only
+/// the sets that concern it, so it must know the drain pods before it judges the sets. The drain
+/// finishes, its claim and pod go, and nothing else is touched.
+#[tokio::test]
+async fn a_controller_started_after_its_set_opted_out_mid_drain_still_finishes_the_drain()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-opt-out-restart").await?;
+    let mut first = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &drain_set("web", WAIT_FOR_GO)).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    first.kill();
+    patch_set(
+        &ns,
+        "web",
+        json!({"metadata": {"annotations": {
+            annotations::DRAINER_POD_TEMPLATE: null,
+            annotations::STATUS: null,
+        }}}),
+    )
+    .await?;
+    let _second = ControllerProcess::start(&ns.name, &[]);
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    wait_event(&ns, "web", "ClaimsDeleted").await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_set_being_deleted_is_left_alone() -> Result<()> {
     const HOLD_FINALIZER: &str = "e2e.statefulset-drain/hold";

@@ -227,7 +227,7 @@ async fn run_scope(
             fills: fills_tx.clone(),
             listed: sets_listed_tx,
         },
-        flipped(drain_pods_listed_rx),
+        flipped(drain_pods_listed_rx.clone()),
     );
     let ready = ready_tx.subscribe();
     let gate = tokio::spawn(gate_readiness(
@@ -279,7 +279,7 @@ async fn run_scope(
         Arc::clone(&ctx),
         shared.discovery.clone(),
         routes.advanced.clone(),
-        (gone_tx, fills_tx),
+        (gone_tx, fills_tx, drain_pods_listed_rx),
         advanced_triggers,
         shutdown,
     );

@@ -32,6 +32,9 @@ pub enum Fill {
 struct Wanted {
     kinds: u8,
     fill: Fill,
+    /// Which entry of this name it is: a fill marks only the entry it was started for (a set
+    /// that left and came back while a fill was in flight is filled again).
+    generation: u64,
 }
 
 fn bit(kind: SetKind) -> u8 {
@@ -46,6 +49,8 @@ struct InterestInner {
     by_namespace: HashMap<Box<str>, HashMap<Box<str>, Wanted>>,
     /// Whether the pod and claim watches have started: a set entering after needs a fill.
     caches_started: bool,
+    /// The generation of the last entry made.
+    generations: u64,
 }
 
 /// The sets whose pods and claims the caches keep, by namespace and name.
@@ -86,12 +91,27 @@ impl Interest {
     /// The set of `kind` concerns us (from now on its pods and claims are kept); whether its
     /// pods and claims must be listed for it.
     pub fn enter(&self, kind: SetKind, namespace: &str, name: &str) -> Entered {
+        // Called for every change of every set that concerns us: the common case (known as
+        // this kind already) takes the read lock only.
+        {
+            let inner = self.0.read().expect("interest lock");
+            let known = inner
+                .by_namespace
+                .get(namespace)
+                .and_then(|sets| sets.get(name))
+                .is_some_and(|w| w.kinds & bit(kind) != 0);
+            if known {
+                return Entered::Known;
+            }
+        }
         let mut inner = self.0.write().expect("interest lock");
         let fill = if inner.caches_started {
             Fill::Pending
         } else {
             Fill::Done
         };
+        inner.generations += 1;
+        let generation = inner.generations;
         let sets = inner.by_namespace.entry(namespace.into()).or_default();
         match sets.get_mut(name) {
             Some(w) => {
@@ -104,6 +124,7 @@ impl Interest {
                     Wanted {
                         kinds: bit(kind),
                         fill,
+                        generation,
                     },
                 );
                 match fill {
@@ -151,15 +172,31 @@ impl Interest {
         inner.by_namespace.retain(|_, sets| !sets.is_empty());
     }
 
-    /// The pods and claims of the set are all cached now.
-    pub fn filled(&self, namespace: &str, name: &str) {
+    /// Which entry the set `name` in `namespace` is (`None`: it does not concern us), for
+    /// [`Interest::filled`].
+    pub fn generation(&self, namespace: &str, name: &str) -> Option<u64> {
+        let inner = self.0.read().expect("interest lock");
+        inner
+            .by_namespace
+            .get(namespace)
+            .and_then(|sets| sets.get(name))
+            .map(|w| w.generation)
+    }
+
+    /// The pods and claims of the set are all cached now, if it is still the entry of
+    /// `generation` (taken before the fill began); whether it was marked.
+    pub fn filled(&self, namespace: &str, name: &str, generation: u64) -> bool {
         let mut inner = self.0.write().expect("interest lock");
-        if let Some(w) = inner
+        match inner
             .by_namespace
             .get_mut(namespace)
             .and_then(|sets| sets.get_mut(name))
         {
-            w.fill = Fill::Done;
+            Some(w) if w.generation == generation => {
+                w.fill = Fill::Done;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -318,9 +355,28 @@ mod tests {
             "planned before its pods and claims were listed"
         );
         assert_eq!(i.enter(SetKind::StatefulSet, "ns", "b"), Entered::Known);
-        i.filled("ns", "b");
+        let generation = i.generation("ns", "b").unwrap();
+        assert!(i.filled("ns", "b", generation));
         assert!(i.ready("ns", "b"));
         assert!(!i.wants("other", "b"));
+    }
+
+    #[test]
+    fn a_fill_marks_only_the_entry_it_was_started_for() {
+        let i = Interest::default();
+        i.caches_start();
+        i.enter(SetKind::StatefulSet, "ns", "a");
+        let started_for = i.generation("ns", "a").unwrap();
+        // The set leaves and comes back while the fill is in flight: pods made meanwhile were
+        // not kept, so the fill begun before must not mark it.
+        i.leave(SetKind::StatefulSet, "ns", "a");
+        assert_eq!(i.enter(SetKind::Advanced, "ns", "a"), Entered::NeedsFill);
+        assert!(!i.filled("ns", "a", started_for));
+        assert!(!i.ready("ns", "a"));
+        let again = i.generation("ns", "a").unwrap();
+        assert!(i.filled("ns", "a", again));
+        assert!(i.ready("ns", "a"));
+        assert!(!i.filled("ns", "gone", again));
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! that does not.
 //!
 //! And they keep only the objects that may be of a set that concerns us (a [`Keep`] predicate,
-//! [`crate::runtime::interest`]): an object already kept follows every change, a new one is
-//! kept if it may be such a set's. A set that comes to concern us later has its objects listed
+//! [`crate::runtime::interest`]): each change of an object is kept if it may be such a set's,
+//! and an object cached whose set stopped concerning us is forgotten at its next change. A set that comes to concern us later has its objects listed
 //! and merged in ([`Cache::merge`]) by resourceVersion, the newest state winning: a watch event
 //! older than what a list brought is not applied, and a deletion seen while a list is in
 //! flight is remembered (a tombstone) so the list cannot bring the object back.
@@ -241,6 +241,8 @@ fn older(version: u64, than: u64) -> bool {
 enum Upserted {
     /// The object is new and not kept.
     NotKept,
+    /// The object was cached and is not kept any more (its set stopped concerning us).
+    Dropped,
     /// It is cached, and its entry is as it was.
     Kept,
     /// It is cached, new or with a changed entry.
@@ -300,24 +302,32 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         Some((slot.entry.clone(), slot.version))
     }
 
-    /// Stores `entry`, seen at `version`, if the object is cached already or `keep_new`
-    /// says to keep it: whether it was stored and whether it differs from what was cached. A
-    /// state older than the cached one is not stored (the object counts as listed, though).
+    /// Stores `entry`, seen at `version`, if the cache `keeps` the object (it may be of a set
+    /// that concerns us); an object cached that it no longer keeps is forgotten. A state older
+    /// than the cached one is not stored (the object counts as listed, though), nor, from a
+    /// fill's list (`listed`), one older than a deletion seen meanwhile (checked under the same
+    /// lock as the watch's deletions are recorded).
     fn upsert(
         &self,
         namespace: &str,
         name: &str,
         entry: E,
         version: u64,
-        keep_new: impl FnOnce() -> bool,
+        (keeps, listed): (bool, bool),
     ) -> Upserted {
         let mut inner = self.inner.write().expect("cache lock");
         let epoch = inner.epoch;
-        if let Some(slot) = inner
-            .by_namespace
-            .get_mut(namespace)
-            .and_then(|names| names.get_mut(name))
+        let names = inner.by_namespace.get_mut(namespace);
+        if let Some(names) = names
+            && let Some(slot) = names.get_mut(name)
         {
+            if !keeps {
+                names.remove(name);
+                if names.is_empty() {
+                    inner.by_namespace.remove(namespace);
+                }
+                return Upserted::Dropped;
+            }
             slot.epoch = epoch;
             if older(version, slot.version) {
                 return Upserted::Kept;
@@ -329,7 +339,12 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             slot.entry = entry;
             return Upserted::Changed;
         }
-        if !keep_new() {
+        let deleted_after = listed
+            && inner
+                .tombstones
+                .get(&(namespace.into(), name.into()))
+                .is_some_and(|&at| at != 0 && !older(at, version));
+        if !keeps || deleted_after {
             return Upserted::NotKept;
         }
         inner
@@ -397,18 +412,8 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         for obj in listed {
             let (ns, name) = obj.key();
             let version = version_of(obj.metadata());
-            let deleted_after = {
-                let inner = self.inner.read().expect("cache lock");
-                inner
-                    .tombstones
-                    .get(&(ns.into(), name.into()))
-                    .is_some_and(|&at| !older(at, version) && at != 0)
-            };
-            if deleted_after {
-                continue;
-            }
-            let keep = || self.keeps(ns, name, obj.metadata());
-            if self.upsert(ns, name, obj.entry(), version, keep) == Upserted::Changed {
+            let keeps = self.keeps(ns, name, obj.metadata());
+            if self.upsert(ns, name, obj.entry(), version, (keeps, true)) == Upserted::Changed {
                 stored += 1;
                 if let Some(i) = &self.indexed {
                     i.index.insert(&(i.sets)(ns, name), name);
@@ -462,15 +467,22 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 let (ns, name) = obj.key();
                 let version = version_of(obj.metadata());
-                let keep = || self.keeps(ns, name, obj.metadata());
-                let upserted = self.upsert(ns, name, obj.entry(), version, keep);
-                if upserted == Upserted::NotKept {
-                    return None;
+                let keeps = self.keeps(ns, name, obj.metadata());
+                match self.upsert(ns, name, obj.entry(), version, (keeps, false)) {
+                    Upserted::NotKept => None,
+                    Upserted::Dropped => {
+                        if let Some(i) = indexed {
+                            i.index.remove(&(i.sets)(ns, name), name);
+                        }
+                        None
+                    }
+                    upserted => {
+                        if let Some(i) = indexed {
+                            i.index.insert(&(i.sets)(ns, name), name);
+                        }
+                        (upserted == Upserted::Changed).then_some(obj)
+                    }
                 }
-                if let Some(i) = indexed {
-                    i.index.insert(&(i.sets)(ns, name), name);
-                }
-                (upserted == Upserted::Changed).then_some(obj)
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = obj.key();
@@ -686,6 +698,33 @@ mod tests {
             watcher::Event::Delete(pod_at("web-0", "a", 7))
         ));
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn an_object_whose_set_stopped_concerning_us_is_forgotten_at_its_next_change() {
+        use std::sync::atomic::AtomicBool;
+        let wanted = Arc::new(AtomicBool::new(true));
+        let keep: Keep = {
+            let wanted = Arc::clone(&wanted);
+            Arc::new(move |_: &str, _: &str, _: &ObjectMeta| wanted.load(Ordering::SeqCst))
+        };
+        let indexed = Indexed {
+            sets: |ns, _| vec![(ns.to_owned(), "web".to_owned())],
+            index: Index::default(),
+        };
+        let cache = Cache::new(Some(keep), Some(indexed.clone()));
+        assert!(passed(
+            &cache,
+            watcher::Event::Apply(pod_at("web-0", "a", 5))
+        ));
+        assert_eq!(indexed.index.names("ns", "web").len(), 1);
+        wanted.store(false, Ordering::SeqCst);
+        assert!(!passed(
+            &cache,
+            watcher::Event::Apply(pod_at("web-0", "a", 6))
+        ));
+        assert!(cache.is_empty());
+        assert!(indexed.index.names("ns", "web").is_empty());
     }
 
     #[test]

@@ -58,9 +58,15 @@ where
 }
 
 impl Filler {
-    /// Fills the sets `sets` of `namespace`: begins a fill on both caches (deletions are
-    /// remembered from now on), lists the namespace's stateful pods and claims, and merges them.
-    async fn fill(&self, namespace: &str, sets: &BTreeSet<String>) -> Result<(), kube::Error> {
+    /// Fills the sets `sets` of `namespace` (each with the generation of its entry, taken
+    /// before): begins a fill on both caches (deletions are remembered from now on), lists the
+    /// namespace's stateful pods and claims, merges them, and marks each set filled if it is
+    /// still the entry the fill was begun for. Returns the sets marked.
+    async fn fill(
+        &self,
+        namespace: &str,
+        sets: &BTreeMap<String, u64>,
+    ) -> Result<Vec<String>, kube::Error> {
         self.pods.begin_fill();
         self.claims.begin_fill();
         let listed = async {
@@ -83,31 +89,45 @@ impl Filler {
         self.pods.end_fill();
         self.claims.end_fill();
         let (pods, claims) = merged?;
+        let marked: Vec<String> = sets
+            .iter()
+            .filter(|(set, generation)| self.interest.filled(namespace, set, **generation))
+            .map(|(set, _)| set.clone())
+            .collect();
         info!(
             namespace,
-            sets = ?sets,
+            sets = ?marked,
             pods,
             claims,
             "pods and claims of sets that came to concern us listed and cached"
         );
-        for set in sets {
-            self.interest.filled(namespace, set);
-        }
-        Ok(())
+        Ok(marked)
     }
 
     /// Fills the sets received on `requests`, each batch of them together by namespace; each
-    /// filled set is passed to `filled` (to be planned). Runs until `requests` closes.
+    /// filled set is passed to `trigger` (to be planned), which says whether it found the set
+    /// in its cache: one it did not (the sets' watch is relisting and has not stored it yet)
+    /// is passed again every second while it concerns us. Runs until `requests` closes.
     pub(super) async fn run(
         self,
         mut requests: mpsc::UnboundedReceiver<SetKey>,
-        filled: impl Fn(&str, &str),
+        trigger: impl Fn(&str, &str) -> bool,
     ) {
         let mut pending: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut untriggered: BTreeSet<SetKey> = BTreeSet::new();
         let mut backoff = None;
         loop {
+            untriggered.retain(|(ns, set)| self.interest.ready(ns, set) && !trigger(ns, set));
             if pending.is_empty() {
-                let Some((ns, set)) = requests.recv().await else {
+                let next = if untriggered.is_empty() {
+                    requests.recv().await
+                } else {
+                    match tokio::time::timeout(Duration::from_secs(1), requests.recv()).await {
+                        Ok(next) => next,
+                        Err(_) => continue,
+                    }
+                };
+                let Some((ns, set)) = next else {
                     return;
                 };
                 pending.entry(ns).or_default().insert(set);
@@ -118,17 +138,19 @@ impl Filler {
             let mut failed = BTreeMap::new();
             for (ns, sets) in std::mem::take(&mut pending) {
                 // A set that stopped concerning us meanwhile needs nothing.
-                let sets: BTreeSet<String> = sets
-                    .into_iter()
-                    .filter(|s| self.interest.wants(&ns, s))
+                let generations: BTreeMap<String, u64> = sets
+                    .iter()
+                    .filter_map(|s| Some((s.clone(), self.interest.generation(&ns, s)?)))
                     .collect();
-                if sets.is_empty() {
+                if generations.is_empty() {
                     continue;
                 }
-                match self.fill(&ns, &sets).await {
-                    Ok(()) => {
-                        for set in &sets {
-                            filled(&ns, set);
+                match self.fill(&ns, &generations).await {
+                    Ok(marked) => {
+                        for set in marked {
+                            if !trigger(&ns, &set) {
+                                untriggered.insert((ns.clone(), set));
+                            }
                         }
                     }
                     Err(e) => {

@@ -158,9 +158,10 @@ pub(super) async fn admit<K: ServedSet>(
     ctx.wait_ready().await?;
     if !ctx.interest.ready(&ns, &name) {
         // It came to concern us just now: its pods and claims are being listed, and it is
-        // planned once they are in (`fill`), not from a partial picture.
+        // planned once they are in (`fill` triggers it), not from a partial picture. Looked at
+        // again meanwhile, should that trigger find the set not cached yet.
         debug!("pods and claims not cached yet; planned once they are listed");
-        return Ok(Err(Requeue::await_change()));
+        return Ok(Err(Requeue::requeue(Duration::from_secs(2))));
     }
     // Before anything that may end the reconcile early (a name clash among them).
     let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set)).await;

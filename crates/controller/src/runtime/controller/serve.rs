@@ -102,14 +102,17 @@ pub(super) fn discover_advanced(client: Client, every: Duration) -> Discovery {
 }
 
 /// Serves OpenKruise's Advanced StatefulSets of the context's scope once that kind is served
-/// (`discovery` resolves), until `stop`; [`Stopped::Clean`] if it never was.
+/// (`discovery` resolves) and the drain pods are listed, until `stop`; [`Stopped::Clean`] if it
+/// never was. Sets that concern us are filled in through `fills_tx`; deletions and relists are
+/// told on `gone_tx`.
 pub(super) async fn serve_advanced(
     ctx: Arc<Context>,
     discovery: Discovery,
     store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-    (gone_tx, fills_tx): (
+    (gone_tx, fills_tx, drain_pods_listed): (
         mpsc::UnboundedSender<()>,
         mpsc::UnboundedSender<crate::runtime::watch::SetKey>,
+        tokio::sync::watch::Receiver<bool>,
     ),
     triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
     stop: impl Future<Output = ()> + Clone + Send + Sync + 'static,
@@ -132,7 +135,8 @@ pub(super) async fn serve_advanced(
             fills: fills_tx,
             listed: tokio::sync::watch::channel(false).0,
         },
-        std::future::ready(()),
+        // Like the built-in sets: judged once the drain pods are known.
+        super::watches::flipped(drain_pods_listed),
     );
     let _ = store.set(sets.clone());
     serve(Arc::clone(&ctx), sets, stream, triggers, stop).await

@@ -237,14 +237,18 @@ impl Routes {
     }
 
     /// Triggers the cached sets of either kind named `set` in `ns` (once their pods and claims
-    /// are filled in).
-    pub(super) fn set_named(&self, ns: &str, set: &str) {
+    /// are filled in); whether it found one.
+    pub(super) fn set_named(&self, ns: &str, set: &str) -> bool {
+        let mut found = false;
         if let Some(r) = any_set_ref(&self.sets, set, ns) {
+            found = true;
             let _ = self.to_sets.send(r);
         }
         if let Some(r) = self.advanced.get().and_then(|s| any_set_ref(s, set, ns)) {
+            found = true;
             let _ = self.to_advanced.send(r);
         }
+        found
     }
 
     /// Triggers the set a drain pod is labelled with, of either kind, opted in or not: a drain
