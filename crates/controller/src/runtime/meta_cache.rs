@@ -236,6 +236,16 @@ fn older(version: u64, than: u64) -> bool {
     version != 0 && than != 0 && version < than
 }
 
+/// Takes `namespace/name` out of the cache's map (the caller holds its lock).
+fn forget<E>(inner: &mut Inner<E>, namespace: &str, name: &str) {
+    if let Some(names) = inner.by_namespace.get_mut(namespace) {
+        names.remove(name);
+        if names.is_empty() {
+            inner.by_namespace.remove(namespace);
+        }
+    }
+}
+
 /// What [`Cache::upsert`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Upserted {
@@ -302,64 +312,86 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         Some((slot.entry.clone(), slot.version))
     }
 
-    /// Stores `entry`, seen at `version`, if the cache `keeps` the object (it may be of a set
-    /// that concerns us); an object cached that it no longer keeps is forgotten. A state older
-    /// than the cached one is not stored (the object counts as listed, though), nor, from a
-    /// fill's list (`listed`), one older than a deletion seen meanwhile (checked under the same
-    /// lock as the watch's deletions are recorded).
+    /// Stores `entry`, seen at `version`, if the cache keeps the object (it may be of a set that
+    /// concerns us); an object cached that it no longer keeps is forgotten. A state older than
+    /// the cached one is not stored (the object counts as listed, though), nor, from a fill's
+    /// list (`listed`), one older than a deletion seen meanwhile. Whether it is kept is decided,
+    /// and the index kept, under the cache's lock, so that a watch event and a fill's merge of
+    /// one object never interleave (the lock order is this cache, then the interest and the
+    /// index: nothing takes them the other way round).
     fn upsert(
         &self,
-        namespace: &str,
-        name: &str,
+        (namespace, name, meta): (&str, &str, &ObjectMeta),
         entry: E,
-        version: u64,
-        (keeps, listed): (bool, bool),
+        listed: bool,
     ) -> Upserted {
+        let version = version_of(meta);
         let mut inner = self.inner.write().expect("cache lock");
+        let keeps = self.keeps(namespace, name, meta);
         let epoch = inner.epoch;
-        let names = inner.by_namespace.get_mut(namespace);
-        if let Some(names) = names
-            && let Some(slot) = names.get_mut(name)
-        {
-            if !keeps {
-                names.remove(name);
-                if names.is_empty() {
-                    inner.by_namespace.remove(namespace);
-                }
-                return Upserted::Dropped;
-            }
-            slot.epoch = epoch;
-            if older(version, slot.version) {
-                return Upserted::Kept;
-            }
-            slot.version = version;
-            if slot.entry == entry {
-                return Upserted::Kept;
-            }
-            slot.entry = entry;
-            return Upserted::Changed;
-        }
-        let deleted_after = listed
-            && inner
-                .tombstones
-                .get(&(namespace.into(), name.into()))
-                .is_some_and(|&at| at != 0 && !older(at, version));
-        if !keeps || deleted_after {
-            return Upserted::NotKept;
-        }
-        inner
+        let upserted = match inner
             .by_namespace
-            .entry(namespace.into())
-            .or_default()
-            .insert(
-                name.into(),
-                Slot {
-                    entry,
-                    version,
-                    epoch,
-                },
-            );
-        Upserted::Changed
+            .get_mut(namespace)
+            .and_then(|names| names.get_mut(name))
+        {
+            Some(_) if !keeps => Upserted::Dropped,
+            Some(slot) => {
+                slot.epoch = epoch;
+                if older(version, slot.version) {
+                    Upserted::Kept
+                } else {
+                    slot.version = version;
+                    if slot.entry == entry {
+                        Upserted::Kept
+                    } else {
+                        slot.entry = entry;
+                        Upserted::Changed
+                    }
+                }
+            }
+            None => {
+                let deleted_after = listed
+                    && inner
+                        .tombstones
+                        .get(&(namespace.into(), name.into()))
+                        .is_some_and(|&at| at != 0 && !older(at, version));
+                if !keeps || deleted_after {
+                    return Upserted::NotKept;
+                }
+                inner
+                    .by_namespace
+                    .entry(namespace.into())
+                    .or_default()
+                    .insert(
+                        name.into(),
+                        Slot {
+                            entry,
+                            version,
+                            epoch,
+                        },
+                    );
+                Upserted::Changed
+            }
+        };
+        if upserted == Upserted::Dropped {
+            forget(&mut inner, namespace, name);
+            self.unindex(namespace, name);
+        } else {
+            self.index(namespace, name);
+        }
+        upserted
+    }
+
+    fn index(&self, namespace: &str, name: &str) {
+        if let Some(i) = &self.indexed {
+            i.index.insert(&(i.sets)(namespace, name), name);
+        }
+    }
+
+    fn unindex(&self, namespace: &str, name: &str) {
+        if let Some(i) = &self.indexed {
+            i.index.remove(&(i.sets)(namespace, name), name);
+        }
     }
 
     /// Forgets the object deleted at `version`, unless the cache holds a newer state of it (a
@@ -374,16 +406,13 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 .or_default();
             *at = (*at).max(version);
         }
-        let Some(names) = inner.by_namespace.get_mut(namespace) else {
-            return false;
-        };
-        let removed = match names.get(name) {
-            Some(slot) if older(version, slot.version) => false,
-            Some(_) => names.remove(name).is_some(),
+        let removed = match inner.by_namespace.get(namespace).and_then(|n| n.get(name)) {
+            Some(slot) => !older(version, slot.version),
             None => false,
         };
-        if names.is_empty() {
-            inner.by_namespace.remove(namespace);
+        if removed {
+            forget(&mut inner, namespace, name);
+            self.unindex(namespace, name);
         }
         removed
     }
@@ -408,19 +437,13 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
     /// is stored unless the cache holds a newer state of it, or it was deleted after the list
     /// saw it. Returns how many were stored.
     pub fn merge<K: Compact<Entry = E>>(&self, listed: impl IntoIterator<Item = K>) -> usize {
-        let mut stored = 0;
-        for obj in listed {
-            let (ns, name) = obj.key();
-            let version = version_of(obj.metadata());
-            let keeps = self.keeps(ns, name, obj.metadata());
-            if self.upsert(ns, name, obj.entry(), version, (keeps, true)) == Upserted::Changed {
-                stored += 1;
-                if let Some(i) = &self.indexed {
-                    i.index.insert(&(i.sets)(ns, name), name);
-                }
-            }
-        }
-        stored
+        listed
+            .into_iter()
+            .filter(|obj| {
+                let (ns, name) = obj.key();
+                self.upsert((ns, name, obj.metadata()), obj.entry(), true) == Upserted::Changed
+            })
+            .count()
     }
 
     fn keeps(&self, namespace: &str, name: &str, meta: &ObjectMeta) -> bool {
@@ -435,8 +458,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
 
     /// A (re)list ended: forgets the objects it did not list (deleted while the watch was
     /// down; their sets are looked at again by the periodic resync), and returns them.
-    fn list_done(&self) -> Vec<(String, String)> {
-        let mut gone = Vec::new();
+    fn list_done(&self) {
         {
             let mut inner = self.inner.write().expect("cache lock");
             let epoch = inner.epoch;
@@ -444,7 +466,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 names.retain(|name, slot| {
                     let listed = slot.epoch == epoch;
                     if !listed {
-                        gone.push((ns.to_string(), name.to_string()));
+                        self.unindex(ns, name);
                     }
                     listed
                 });
@@ -456,41 +478,20 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             inner.by_namespace.shrink_to_fit();
         }
         self.synced.send_replace(true);
-        gone
     }
 
     /// The objects to pass on for one watch event: those whose entry changed, and every
     /// deleted one.
     fn on<K: Compact<Entry = E>>(&self, event: watcher::Event<K>) -> Option<K> {
-        let indexed = self.indexed.as_ref();
         match event {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 let (ns, name) = obj.key();
-                let version = version_of(obj.metadata());
-                let keeps = self.keeps(ns, name, obj.metadata());
-                match self.upsert(ns, name, obj.entry(), version, (keeps, false)) {
-                    Upserted::NotKept => None,
-                    Upserted::Dropped => {
-                        if let Some(i) = indexed {
-                            i.index.remove(&(i.sets)(ns, name), name);
-                        }
-                        None
-                    }
-                    upserted => {
-                        if let Some(i) = indexed {
-                            i.index.insert(&(i.sets)(ns, name), name);
-                        }
-                        (upserted == Upserted::Changed).then_some(obj)
-                    }
-                }
+                let upserted = self.upsert((ns, name, obj.metadata()), obj.entry(), false);
+                (upserted == Upserted::Changed).then_some(obj)
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = obj.key();
-                if self.remove(ns, name, version_of(obj.metadata()))
-                    && let Some(i) = indexed
-                {
-                    i.index.remove(&(i.sets)(ns, name), name);
-                }
+                self.remove(ns, name, version_of(obj.metadata()));
                 Some(obj)
             }
             watcher::Event::Init => {
@@ -498,11 +499,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 None
             }
             watcher::Event::InitDone => {
-                for (ns, name) in self.list_done() {
-                    if let Some(i) = indexed {
-                        i.index.remove(&(i.sets)(&ns, &name), &name);
-                    }
-                }
+                self.list_done();
                 None
             }
         }
@@ -723,6 +720,15 @@ mod tests {
             &cache,
             watcher::Event::Apply(pod_at("web-0", "a", 6))
         ));
+        assert!(cache.is_empty());
+        assert!(indexed.index.names("ns", "web").is_empty());
+        // The same when a fill's list brings it (another set of its namespace came to concern
+        // us): forgotten, and out of the index.
+        wanted.store(true, Ordering::SeqCst);
+        assert_eq!(cache.merge(vec![pod_at("web-0", "a", 7)]), 1);
+        assert_eq!(indexed.index.names("ns", "web").len(), 1);
+        wanted.store(false, Ordering::SeqCst);
+        assert_eq!(cache.merge(vec![pod_at("web-0", "a", 8)]), 0);
         assert!(cache.is_empty());
         assert!(indexed.index.names("ns", "web").is_empty());
     }
