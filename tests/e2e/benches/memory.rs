@@ -27,7 +27,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::load::{LOAD_LABEL, load_claim, load_pod, load_set};
+use common::load::{load_claim, load_counts, load_pod, load_set};
 use common::process::{Memory, memory};
 use common::*;
 use e2e::{ControllerProcess, TestNamespace, client};
@@ -103,19 +103,6 @@ async fn grow(
         pods.extend((0..replicas).map(|o| load_pod(&set, &uid, o)));
     }
     create_all(&ns.api::<Pod>(), pods).await
-}
-
-/// How many load pods and claims exist in `ns`.
-async fn counts(ns: &TestNamespace) -> Result<(usize, usize)> {
-    let lp = ListParams::default().labels(LOAD_LABEL);
-    let pods = ns.api::<Pod>().list_metadata(&lp).await?.items.len();
-    let claims = ns
-        .api::<PersistentVolumeClaim>()
-        .list_metadata(&lp)
-        .await?
-        .items
-        .len();
-    Ok((pods, claims))
 }
 
 /// A sum of the series of metric `name` in a `/metrics` text, and the distinct values of its
@@ -314,7 +301,7 @@ async fn main() -> Result<()> {
             Duration::from_secs(600),
             "the load's pods and claims",
             || async {
-                let (p, c) = counts(&ns).await?;
+                let (p, c) = load_counts(&ns).await?;
                 Ok(p >= want && c >= want)
             },
         )

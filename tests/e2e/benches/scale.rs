@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use common::load::{LOAD_LABEL, load_claim, load_set};
+use common::load::{load_claim, load_counts, load_set};
 use common::process::{Memory, memory};
 use common::*;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
@@ -43,7 +43,7 @@ use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use kube::api::{ListParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
@@ -362,19 +362,6 @@ fn binary_stamp() -> String {
             ))
         })
         .unwrap_or_default()
-}
-
-/// Pods and claims of the load that exist.
-async fn load_counts(ns: &TestNamespace) -> Result<(usize, usize)> {
-    let lp = ListParams::default().labels(LOAD_LABEL);
-    let pods = ns.api::<Pod>().list_metadata(&lp).await?.items.len();
-    let claims = ns
-        .api::<PersistentVolumeClaim>()
-        .list_metadata(&lp)
-        .await?
-        .items
-        .len();
-    Ok((pods, claims))
 }
 
 /// Deletes the namespace (by dropping it) and waits until it is gone.

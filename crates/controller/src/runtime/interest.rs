@@ -69,22 +69,20 @@ pub enum Entered {
 }
 
 impl Interest {
+    /// The entry of the set `name` in `namespace`, if it concerns us.
+    fn get(&self, namespace: &str, name: &str) -> Option<Wanted> {
+        let inner = self.0.read().expect("interest lock");
+        inner.by_namespace.get(namespace)?.get(name).copied()
+    }
+
     /// Whether the pods and claims of the set `name` in `namespace` are kept.
     pub fn wants(&self, namespace: &str, name: &str) -> bool {
-        let inner = self.0.read().expect("interest lock");
-        inner
-            .by_namespace
-            .get(namespace)
-            .is_some_and(|sets| sets.contains_key(name))
+        self.get(namespace, name).is_some()
     }
 
     /// Whether the set `name` in `namespace` concerns us and its pods and claims are all cached.
     pub fn ready(&self, namespace: &str, name: &str) -> bool {
-        let inner = self.0.read().expect("interest lock");
-        inner
-            .by_namespace
-            .get(namespace)
-            .and_then(|sets| sets.get(name))
+        self.get(namespace, name)
             .is_some_and(|w| w.fill == Fill::Done)
     }
 
@@ -93,16 +91,11 @@ impl Interest {
     pub fn enter(&self, kind: SetKind, namespace: &str, name: &str) -> Entered {
         // Called for every change of every set that concerns us: the common case (known as
         // this kind already) takes the read lock only.
+        if self
+            .get(namespace, name)
+            .is_some_and(|w| w.kinds & bit(kind) != 0)
         {
-            let inner = self.0.read().expect("interest lock");
-            let known = inner
-                .by_namespace
-                .get(namespace)
-                .and_then(|sets| sets.get(name))
-                .is_some_and(|w| w.kinds & bit(kind) != 0);
-            if known {
-                return Entered::Known;
-            }
+            return Entered::Known;
         }
         let mut inner = self.0.write().expect("interest lock");
         let fill = if inner.caches_started {
@@ -175,12 +168,7 @@ impl Interest {
     /// Which entry the set `name` in `namespace` is (`None`: it does not concern us), for
     /// [`Interest::filled`].
     pub fn generation(&self, namespace: &str, name: &str) -> Option<u64> {
-        let inner = self.0.read().expect("interest lock");
-        inner
-            .by_namespace
-            .get(namespace)
-            .and_then(|sets| sets.get(name))
-            .map(|w| w.generation)
+        self.get(namespace, name).map(|w| w.generation)
     }
 
     /// The pods and claims of the set are all cached now, if it is still the entry of

@@ -2,11 +2,13 @@
 //! Pending, and their claims and pods made as the StatefulSet controller makes them.
 
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
+use e2e::TestNamespace;
 use e2e::objects::{BUSYBOX, drain_template, sleeper};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
+use kube::api::ListParams;
 use serde_json::json;
 
 /// The label on every object of the load.
@@ -105,4 +107,17 @@ pub fn load_pod(set: &StatefulSet, uid: &str, ordinal: i32) -> Pod {
     }))
     .expect("a volume")]);
     pod
+}
+
+/// How many pods and claims of the load exist in `ns`.
+pub async fn load_counts(ns: &TestNamespace) -> anyhow::Result<(usize, usize)> {
+    let lp = ListParams::default().labels(LOAD_LABEL);
+    let pods = ns.api::<Pod>().list_metadata(&lp).await?.items.len();
+    let claims = ns
+        .api::<PersistentVolumeClaim>()
+        .list_metadata(&lp)
+        .await?
+        .items
+        .len();
+    Ok((pods, claims))
 }
