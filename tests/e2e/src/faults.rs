@@ -615,6 +615,62 @@ impl StatusWriteDenial {
     }
 }
 
+/// An admission policy that denies every change of the `drain-pod-uid` annotation of the claims
+/// in one namespace (the controller's record of a drain pod on its claims), and nothing else.
+pub struct ClaimRecordDenial(AdmissionDenial);
+
+impl ClaimRecordDenial {
+    /// Denies changing the drain pod record of any claim in the namespace.
+    pub async fn create(client: &Client, ns: &TestNamespace) -> Result<Self> {
+        let record = |obj: &str| {
+            format!(
+                "(has({obj}.metadata.annotations) && '{k}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{k}'] : '')",
+                k = drain_api::claim_annotations::POD_UID
+            )
+        };
+        AdmissionDenial::create(
+            client,
+            ns,
+            "claim-record",
+            json!([{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["persistentvolumeclaims"],
+            }]),
+            format!("{} == {}", record("object"), record("oldObject")),
+            format!("{DENIAL_MARKER}: the drain pod record of a claim may not change"),
+        )
+        .await
+        .map(Self)
+    }
+
+    /// Waits until the apiserver enforces the policy: a dry-run write of the record on `claim`
+    /// is denied with the policy's message.
+    pub async fn wait_enforced(&self, ns: &TestNamespace, claim: &str) -> Result<()> {
+        let claims = ns.api::<PersistentVolumeClaim>();
+        let claims = &claims;
+        self.0
+            .wait_enforced(|| async move {
+                let patch = json!({"metadata": {"annotations": {
+                    drain_api::claim_annotations::POD_UID: "probe",
+                }}});
+                claims
+                    .patch(
+                        claim,
+                        &kube::api::PatchParams::default().dry_run(),
+                        &kube::api::Patch::Merge(patch),
+                    )
+                    .await
+                    .map(|_| ())
+            })
+            .await
+    }
+
+    /// Lifts the denial.
+    pub async fn lift(&self) -> Result<()> {
+        self.0.lift().await
+    }
+}
+
 // --- RBAC -----------------------------------------------------------------------------------
 
 /// The controller's identity as the single-namespace install ships it, in one test namespace: a

@@ -7,8 +7,9 @@ use anyhow::{Context, Result, ensure};
 use drain_api::annotations::{APPROVAL, DRAINER_POD_TEMPLATE, MAX_ATTEMPTS};
 use drain_api::claim_annotations::APPROVED;
 use e2e::faults::{
-    ControllerIdentity, DrainPodDeleteDenial, StatusWriteDenial, assert_claim_unchanged,
-    count_log_lines, drain_status, hold, ordinal_state, wait_ordinal_state, wait_set_event,
+    ClaimRecordDenial, ControllerIdentity, DrainPodDeleteDenial, StatusWriteDenial,
+    assert_claim_unchanged, count_log_lines, drain_status, exec, hold, ordinal_state,
+    wait_ordinal_state, wait_set_event,
 };
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
@@ -87,6 +88,78 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
     denial.lift().await?;
     wait_ordinal_state(&ns, "web", 2, "done").await?;
     wait_ordinal_state(&ns, "web", 1, "done").await?;
+    Ok(())
+}
+
+/// A new drain pod's record on its claim denied (an admission policy refusing every change of
+/// the claim's `drain-pod-uid`): the record is written after the create, outside the reconcile,
+/// so its failure must still be seen. The drain pod runs, the failure is a Warning and a log
+/// line, the set's next reconciles try again (and fail, retried with backoff), and the claim
+/// stays, unrecorded. Once the denial is lifted, the drain pod is recorded (the same pod: it was
+/// never replaced) and its drain deletes the claim.
+#[tokio::test]
+async fn a_denied_record_of_a_new_drain_pod_is_warned_retried_and_repaired() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-record-denied").await?;
+    let denial = ClaimRecordDenial::create(&client, &ns).await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    // The drain finishes when told to (a file the test writes), once its record is seen.
+    let uid = web_of_three(&ns, "until [ -f /tmp/go ]; do sleep 0.2; done").await?;
+    denial.wait_enforced(&ns, "data-web-2").await?;
+
+    scale(&ns, "web", 2).await?;
+    let warnings = wait_set_event(&ns, "web", "AnnotateClaimFailed").await?;
+    ensure!(
+        warnings.iter().any(|w| w.contains("e2e-denied")),
+        "the Warning names the denial: {warnings:?}"
+    );
+    let pods = ns.api::<Pod>();
+    let drain_uid = pods
+        .get("web-2")
+        .await?
+        .metadata
+        .uid
+        .context("drain pod UID")?;
+    hold(
+        Duration::from_secs(5),
+        "the claim stays, unrecorded, and the drain pod runs",
+        || async {
+            assert_unrecorded(&ns, &uid).await?;
+            let pod = pods.get("web-2").await?;
+            ensure!(
+                is_drain_pod(&pod) && pod.metadata.uid.as_deref() == Some(drain_uid.as_str()),
+                "the drain pod was replaced"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    ensure!(
+        count_log_lines(
+            &controller.log,
+            "failed to record the new drain pod on its claims"
+        )? == 1,
+        "the failed record after the create was logged once"
+    );
+    ensure!(
+        count_log_lines(&controller.log, "action failed; retrying with backoff")? >= 1,
+        "the set's next reconciles tried to record it again"
+    );
+
+    denial.lift().await?;
+    let claims = ns.api::<PersistentVolumeClaim>();
+    wait_for(T, "the drain pod recorded on its claim", || async {
+        let claim = claims.get("data-web-2").await?;
+        Ok(claim
+            .annotations()
+            .get(drain_api::claim_annotations::POD_UID)
+            == Some(&drain_uid))
+    })
+    .await?;
+    exec(&ns, "web-2", "drain", "touch /tmp/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
 }
 

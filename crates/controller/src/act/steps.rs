@@ -219,7 +219,7 @@ pub(super) async fn clear_record<C: Cluster>(
 }
 
 /// Starts a new series on the claims if the plan says so, creates the drain pod and records its
-/// UID on the claims.
+/// UID on the claims (in the background where the seam can: [`Cluster::record_in_background`]).
 ///
 /// The live check that the ordinal is still out of range (a guard against a stale cache) runs
 /// alongside the create rather than before it: one round trip instead of two between a pod's
@@ -278,9 +278,13 @@ pub(super) async fn create_drain_pod<C: Cluster>(
                 // A new series: written with the pod, after the create, so nothing delays it.
                 record.extend(series_record(*at, hash, true));
             }
-            // A claim replaced just now leaves the pod unrecorded: the next reconcile plans from
-            // what it finds. The pod exists either way, so it is reported.
-            annotate_all(cluster, &refs, &record).await?;
+            // Written in the background where the seam can (the set's next reconcile, often
+            // the next pod of a scale-down, does not wait for it). A claim replaced just now
+            // leaves the pod unrecorded: the next reconcile plans from what it finds. The pod
+            // exists either way, so it is reported.
+            if !cluster.record_in_background(ordinal, &refs, &record).await {
+                annotate_all(cluster, &refs, &record).await?;
+            }
             Ok(Outcome::Created(uid))
         }
         (Created::Uid(uid), unconfirmed) => {

@@ -74,6 +74,7 @@ impl Context {
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         secondary: Secondary,
         known: Known,
+        replan: mpsc::UnboundedSender<(String, String)>,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -108,6 +109,7 @@ impl Context {
             retained,
             metrics,
             ready,
+            replan,
             config,
             scope,
             client,
@@ -236,6 +238,7 @@ async fn run_scope(
         ready_tx,
     ));
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
+    let (replan_tx, mut replan_rx) = mpsc::unbounded_channel::<(String, String)>();
     let ctx = Arc::new(Context::new(
         &shared,
         scope.clone(),
@@ -243,6 +246,7 @@ async fn run_scope(
         Arc::clone(&advanced_sets),
         secondary,
         known,
+        replan_tx,
     ));
 
     let (routes, set_triggers, advanced_triggers) =
@@ -265,6 +269,14 @@ async fn run_scope(
         tokio::spawn({
             let routes = routes.clone();
             filler.run(fills_rx, move |ns, set| routes.set_named(ns, set))
+        }),
+        tokio::spawn({
+            let routes = routes.clone();
+            async move {
+                while let Some((ns, set)) = replan_rx.recv().await {
+                    routes.set_named(&ns, &set);
+                }
+            }
         }),
         gate,
     ];

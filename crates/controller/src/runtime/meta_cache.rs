@@ -153,6 +153,19 @@ impl ClaimEntry {
         }
     }
 
+    /// This entry as a write of `changes` makes it: each annotation set (`Some`) or removed.
+    pub fn with(mut self, changes: &BTreeMap<String, Option<String>>) -> Self {
+        let mut ours = self.annotations.take().map(|a| *a).unwrap_or_default();
+        for (k, v) in changes {
+            match v {
+                Some(v) => ours.insert(k.clone(), v.clone()),
+                None => ours.remove(k),
+            };
+        }
+        self.annotations = (!ours.is_empty()).then(|| Box::new(ours));
+        self
+    }
+
     /// The metadata the observers read, rebuilt for one claim.
     pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
         ObjectMeta {

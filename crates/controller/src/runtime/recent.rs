@@ -16,13 +16,21 @@
 //! we created it may be read as Pending for up to [`TTL`] after a relist: that holds back, never
 //! hastens, what the planner does with its ordinal. This is only a read-your-writes aid, like
 //! [`crate::runtime::status_memo`]: a restarted controller starts with none.
+//!
+//! A write may also be kept before it is answered ([`Recent::pending`]): a new drain pod's
+//! record goes to its claims in the background, and the set's next reconciles read it as
+//! written meanwhile. Writes of one claim go out one at a time, in the order they were asked
+//! for ([`Gates`]), so a later write is never overtaken by a record still on its way.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a write is kept at most (the watch normally passes it within milliseconds).
 pub const TTL: Duration = Duration::from_secs(10);
+
+/// The version of a write not answered yet: newer than any the cache can hold.
+const PENDING: u64 = u64::MAX;
 
 struct Kept<T> {
     version: u64,
@@ -80,7 +88,11 @@ impl<T: Clone> Recent<T> {
         let mut state = self.state.lock().expect("recent writes lock");
         state.kept.retain(|_, k| k.at.elapsed() < TTL);
         let key = (namespace.to_owned(), name.to_owned());
-        let newer = state.kept.get(&key).is_none_or(|k| k.version < version);
+        // The answer to a pending write takes its place.
+        let newer = state
+            .kept
+            .get(&key)
+            .is_none_or(|k| k.version < version || k.version == PENDING);
         if version > state.seen && newer {
             state.kept.insert(
                 key,
@@ -90,6 +102,31 @@ impl<T: Clone> Recent<T> {
                     value,
                 },
             );
+        }
+    }
+
+    /// Keeps `value`, what our write of `namespace/name` will make of it, before the API server
+    /// answered: read as newer than any cached version until [`Recent::wrote`] keeps the answer
+    /// or [`Recent::failed`] drops it (or [`TTL`] passes).
+    pub fn pending(&self, namespace: &str, name: &str, value: T) {
+        let mut state = self.state.lock().expect("recent writes lock");
+        state.kept.retain(|_, k| k.at.elapsed() < TTL);
+        state.kept.insert(
+            (namespace.to_owned(), name.to_owned()),
+            Kept {
+                version: PENDING,
+                at: Instant::now(),
+                value,
+            },
+        );
+    }
+
+    /// Our pending write of `namespace/name` did not happen: it is no longer read.
+    pub fn failed(&self, namespace: &str, name: &str) {
+        let mut state = self.state.lock().expect("recent writes lock");
+        let key = (namespace.to_owned(), name.to_owned());
+        if state.kept.get(&key).is_some_and(|k| k.version == PENDING) {
+            state.kept.remove(&key);
         }
     }
 
@@ -116,6 +153,32 @@ impl<T: Clone> Recent<T> {
             .filter(|((ns, _), _)| ns == namespace)
             .map(|((_, name), k)| (name.clone(), k.version, k.value.clone()))
             .collect()
+    }
+}
+
+/// One write at a time per object (by namespace and name), in the order they were asked for
+/// (tokio's mutex is fair): held across a write, so that one asked for later never overtakes
+/// a write still on its way.
+#[derive(Default)]
+pub struct Gates {
+    gates: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Gates {
+    /// Waits for the writes of `namespace/name` asked for before, and holds its gate until the
+    /// guard is dropped.
+    pub async fn enter(&self, namespace: &str, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let gate = {
+            let mut gates = self.gates.lock().expect("gates lock");
+            // A gate no one holds or waits for is done with.
+            gates.retain(|_, g| Arc::strong_count(g) > 1);
+            Arc::clone(
+                gates
+                    .entry((namespace.to_owned(), name.to_owned()))
+                    .or_default(),
+            )
+        };
+        gate.lock_owned().await
     }
 }
 
@@ -205,5 +268,69 @@ mod tests {
         assert_eq!(r.newer_than("ns", "a", 9), Some("ours"));
         assert_eq!(r.newer_than("ns", "a", 10), None, "the cache caught up");
         assert_eq!(r.newer_than("ns", "a", 0), None, "and it is dropped");
+    }
+
+    #[test]
+    fn a_pending_write_is_read_until_answered_or_failed() {
+        let r = Recent::default();
+        r.saw(Some("50"));
+        r.pending("ns", "a", "pending");
+        assert_eq!(r.newer_than("ns", "a", 49), Some("pending"));
+        r.saw(Some("60"));
+        assert_eq!(
+            r.newer_than("ns", "a", 60),
+            Some("pending"),
+            "no watch event can pass an unanswered write"
+        );
+        r.wrote("ns", "a", Some("61"), "answered");
+        assert_eq!(r.newer_than("ns", "a", 60), Some("answered"));
+        r.saw(Some("61"));
+        assert_eq!(r.newer_than("ns", "a", 61), None, "the watch delivered it");
+
+        r.pending("ns", "b", "pending");
+        r.failed("ns", "b");
+        assert_eq!(
+            r.newer_than("ns", "b", 0),
+            None,
+            "a failed write is not read"
+        );
+        r.wrote("ns", "c", Some("70"), "answered");
+        r.failed("ns", "c");
+        assert_eq!(
+            r.newer_than("ns", "c", 0),
+            Some("answered"),
+            "only a pending write is dropped as failed"
+        );
+    }
+
+    #[tokio::test]
+    async fn writes_of_one_object_go_in_the_order_asked_for() {
+        let gates = Arc::new(Gates::default());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let first = gates.enter("ns", "a").await;
+        let mut waiting = Vec::new();
+        for i in 0..3 {
+            let (gates, order) = (Arc::clone(&gates), Arc::clone(&order));
+            waiting.push(tokio::spawn(async move {
+                let _g = gates.enter("ns", "a").await;
+                order.lock().unwrap().push(i);
+            }));
+            // Each asks in turn.
+            tokio::task::yield_now().await;
+        }
+        let other = gates.enter("ns", "b").await;
+        drop(other);
+        assert!(order.lock().unwrap().is_empty(), "all wait for the first");
+        drop(first);
+        for w in waiting {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+        let _again = gates.enter("ns", "c").await;
+        assert_eq!(
+            gates.gates.lock().unwrap().len(),
+            1,
+            "idle gates are dropped"
+        );
     }
 }

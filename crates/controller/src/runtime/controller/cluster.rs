@@ -13,15 +13,18 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::context::{Context, Recents};
 use super::kinds::{Twin, wants};
 use super::memory::{Memory, SetId, set_id};
+use super::snapshot::newest_claim;
 use super::watches::slim_drain_pod;
 
 use super::api::{gone_or_replaced, ok_if_gone, preconditioned};
-use crate::act::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject};
+use crate::act::{
+    ActError, Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject,
+};
 use crate::identity::FIELD_MANAGER;
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
@@ -60,11 +63,13 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) retained: &'a tokio::sync::Notify,
     /// This set's key in all three.
     pub(super) id: SetId,
+    /// The context, for the claim records written in the background.
+    pub(super) ctx: Arc<Context>,
 }
 
 impl<'a, K: ServedSet> KubeCluster<'a, K> {
     /// The seam for one reconcile of `set`, in its namespace.
-    pub(super) fn new(ctx: &'a Context, set: &StatefulSet, set_ref: ObjectReference) -> Self {
+    pub(super) fn new(ctx: &'a Arc<Context>, set: &StatefulSet, set_ref: ObjectReference) -> Self {
         let ns = set.namespace().unwrap_or_default();
         Self {
             sets: Api::<K>::namespaced(ctx.client.clone(), &ns),
@@ -81,6 +86,7 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             volumes: Api::all(ctx.client.clone()),
             retained: &ctx.retained,
             id: set_id(K::KIND, set),
+            ctx: Arc::clone(ctx),
         }
     }
 }
@@ -290,6 +296,8 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
+        let ns = self.set.namespace.as_deref().unwrap_or_default();
+        let _in_order = self.recent.claim_gates.enter(ns, name).await;
         let result = self.claims.delete(name, &preconditioned(uid, None)).await;
         self.metrics
             .request("delete", "persistentvolumeclaims", &result);
@@ -302,29 +310,58 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<Patched, kube::Error> {
-        // The UID in the patch is a precondition: a claim recreated under the name is left alone.
-        let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        let result = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
-        self.metrics
-            .request("patch", "persistentvolumeclaims", &result);
-        match result {
-            Ok(patched) => {
-                let m = &patched.metadata;
-                self.recent.claims.wrote(
-                    m.namespace.as_deref().unwrap_or_default(),
-                    name,
-                    m.resource_version.as_deref(),
-                    ClaimEntry::of(m),
-                );
-                Ok(Patched::Done)
+        let ns = self.set.namespace.as_deref().unwrap_or_default();
+        let _in_order = self.recent.claim_gates.enter(ns, name).await;
+        patch_claim(
+            &self.claims,
+            self.metrics,
+            self.recent,
+            name,
+            uid,
+            annotations,
+        )
+        .await
+    }
+
+    async fn record_in_background(
+        &self,
+        ordinal: i32,
+        claims: &[ClaimRef],
+        annotations: &BTreeMap<String, Option<String>>,
+    ) -> bool {
+        let ns = self.set.namespace.clone().unwrap_or_default();
+        // Each claim's gate, in name order (no two holders of several can wait on each other),
+        // is taken before the reconcile goes on, so its later writes queue behind this one.
+        let mut by_name: Vec<&ClaimRef> = claims.iter().collect();
+        by_name.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut gates = Vec::with_capacity(claims.len());
+        for c in by_name {
+            gates.push(self.recent.claim_gates.enter(&ns, &c.name).await);
+            if let Some((cached, version)) = self.ctx.claims.get_versioned(&ns, &c.name) {
+                let ours = self.recent.claims.newer_than(&ns, &c.name, version);
+                let entry = newest_claim(cached, ours);
+                if *entry.uid == *c.uid {
+                    let written = entry.with(annotations);
+                    self.recent.claims.pending(&ns, &c.name, written);
+                }
             }
-            Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
-            Err(e) => Err(e),
         }
+        let record = Record {
+            ctx: Arc::clone(&self.ctx),
+            claims_api: self.claims.clone(),
+            set: self.set.clone(),
+            ordinal,
+            claims: claims.to_vec(),
+            annotations: annotations.clone(),
+        };
+        tokio::spawn(
+            async move {
+                record.write().await;
+                drop(gates);
+            }
+            .in_current_span(),
+        );
+        true
     }
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
@@ -360,6 +397,107 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             event.note.clone(),
             event.ordinal,
         );
+    }
+}
+
+/// Patches annotations of the claim `name` if it still has this UID (a precondition: a claim
+/// recreated under the name is left alone), and keeps the answer in `recent`.
+async fn patch_claim(
+    claims: &Api<PersistentVolumeClaim>,
+    metrics: &Metrics,
+    recent: &Recents,
+    name: &str,
+    uid: &str,
+    annotations: &BTreeMap<String, Option<String>>,
+) -> Result<Patched, kube::Error> {
+    let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let result = claims.patch(name, &pp, &Patch::Merge(patch)).await;
+    metrics.request("patch", "persistentvolumeclaims", &result);
+    match result {
+        Ok(patched) => {
+            let m = &patched.metadata;
+            recent.claims.wrote(
+                m.namespace.as_deref().unwrap_or_default(),
+                name,
+                m.resource_version.as_deref(),
+                ClaimEntry::of(m),
+            );
+            Ok(Patched::Done)
+        }
+        Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new drain pod's record, on its way to its claims ([`Cluster::record_in_background`]).
+struct Record {
+    ctx: Arc<Context>,
+    claims_api: Api<PersistentVolumeClaim>,
+    set: ObjectReference,
+    ordinal: i32,
+    claims: Vec<ClaimRef>,
+    annotations: BTreeMap<String, Option<String>>,
+}
+
+impl Record {
+    /// Writes the record to each claim in turn, the leader only, and stops at the first claim
+    /// that is gone or was replaced, or at the first failure: the claims not written are no
+    /// longer read as written, and the set is planned again (a failure is a Warning Event and a
+    /// log line first). The planner then sees the drain pod unrecorded and records it again.
+    async fn write(self) {
+        let ns = self.set.namespace.clone().unwrap_or_default();
+        let set_name = self.set.name.clone().unwrap_or_default();
+        let ctx = &self.ctx;
+        for (i, c) in self.claims.iter().enumerate() {
+            let stop = if ctx.config.leadership.is_leading() {
+                let patched = patch_claim(
+                    &self.claims_api,
+                    &ctx.metrics,
+                    &ctx.recent,
+                    &c.name,
+                    &c.uid,
+                    &self.annotations,
+                )
+                .await;
+                match patched {
+                    Ok(Patched::Done) => continue,
+                    Ok(Patched::Gone) => {
+                        info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
+                        true
+                    }
+                    Err(source) => {
+                        let e = ActError::AnnotateClaim {
+                            name: c.name.clone(),
+                            source,
+                        };
+                        warn!(ordinal = self.ordinal, error = %e.describe(), "failed to record the new drain pod on its claims; the set's next reconcile records it again");
+                        publish(
+                            &ctx.recorder,
+                            &self.set,
+                            Severity::Warning,
+                            e.reason(),
+                            e.describe(),
+                            Some(self.ordinal),
+                        );
+                        true
+                    }
+                }
+            } else {
+                info!(claim = %c.name, "no longer the leader: the drain pod's record is left to the leader");
+                true
+            };
+            if stop {
+                for c in &self.claims[i..] {
+                    ctx.recent.claims.failed(&ns, &c.name);
+                }
+                let _ = ctx.replan.send((ns, set_name));
+                return;
+            }
+        }
     }
 }
 

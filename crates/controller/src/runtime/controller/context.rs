@@ -124,6 +124,9 @@ pub struct Context {
     pub(super) advanced_names: Arc<crate::runtime::interest::SetNames>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+    /// Has the sets of either kind with this name (namespace, name) planned again: sent when
+    /// a write made in the background failed.
+    pub(super) replan: tokio::sync::mpsc::UnboundedSender<(String, String)>,
 }
 
 impl Context {
@@ -193,8 +196,10 @@ pub(super) fn keep_series(
 pub(super) struct Recents {
     /// Drain pods we created.
     pub(super) pods: Recent<Pod>,
-    /// Claims we annotated.
+    /// Claims we annotated (or are annotating: a new drain pod's record).
     pub(super) claims: Recent<ClaimEntry>,
+    /// Our writes of each claim, one at a time, in order.
+    pub(super) claim_gates: recent::Gates,
     /// Drain pods we deleted.
     pub(super) deleted_pods: recent::Deleted,
 }
