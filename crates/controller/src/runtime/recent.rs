@@ -161,8 +161,11 @@ impl<T: Clone> Recent<T> {
 /// a write still on its way.
 #[derive(Default)]
 pub struct Gates {
-    gates: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    gates: Mutex<HashMap<(String, String), Gate>>,
 }
+
+/// One object's gate: held by the write on its way, waited for by the later ones.
+type Gate = Arc<tokio::sync::Mutex<()>>;
 
 impl Gates {
     /// Waits for the writes of `namespace/name` asked for before, and holds its gate until the
