@@ -79,6 +79,9 @@ pub enum Patched {
     /// Gone, or replaced by another object of that name (UID precondition failed): nothing
     /// written.
     Gone,
+    /// Not sent: a write of ours to the claim asked for before it failed, and this one was
+    /// planned from a view that showed that write as made.
+    Stale,
 }
 
 /// What retaining one claim's volume came to.

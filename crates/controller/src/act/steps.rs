@@ -116,6 +116,9 @@ pub(super) async fn record_failure<C: Cluster>(
             claim_annotations::COUNTED_POD_UID,
             failure.pod_uid.to_owned(),
         ),
+        // The attempt counted is the current one: a record whose pod was never written (a
+        // crash, or a failed write, after the create) is made whole.
+        (claim_annotations::POD_UID, failure.pod_uid.to_owned()),
     ]));
     annotate_all(cluster, claims, &record).await
 }
@@ -331,9 +334,16 @@ pub(super) async fn annotate_all<C: Cluster>(
                 name: c.name.clone(),
                 source,
             })?;
-        if patched == Patched::Gone {
-            info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
-            return Ok(Outcome::ClaimGone(c.name.clone()));
+        match patched {
+            Patched::Done => {}
+            Patched::Gone => {
+                info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
+                return Ok(Outcome::ClaimGone(c.name.clone()));
+            }
+            Patched::Stale => {
+                info!(claim = %c.name, "an earlier write of the claim failed; planning the ordinal again");
+                return Ok(Outcome::Stale("an earlier write of the claim failed"));
+            }
         }
     }
     Ok(Outcome::Done)

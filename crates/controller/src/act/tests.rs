@@ -51,6 +51,8 @@ struct Fake {
     fence_checks: std::sync::atomic::AtomicUsize,
     /// Takes a new drain pod's record to write in the background.
     background: bool,
+    /// An earlier write of this claim failed: patching it comes to [`Patched::Stale`].
+    stale_claim: Option<&'static str>,
 }
 
 fn err() -> kube::Error {
@@ -148,6 +150,8 @@ impl Cluster for Fake {
         self.push(Call::Annotate(name.to_owned(), pairs), "annotate")?;
         Ok(if self.gone_claim == Some(name) {
             Patched::Gone
+        } else if self.stale_claim == Some(name) {
+            Patched::Stale
         } else {
             Patched::Done
         })
@@ -649,11 +653,31 @@ async fn a_pod_that_changed_since_it_was_seen_is_not_cancelled_and_its_record_is
 }
 
 #[tokio::test]
+async fn a_write_queued_behind_a_failed_one_stops_the_ordinal_unreported() {
+    let fake = Fake {
+        stale_claim: Some("data-web-2"),
+        ..Fake::default()
+    };
+    let actions = [
+        failure(2, FailureKind::Failed, false, false),
+        delete_pod(2, DeleteWhy::Failed, None),
+    ];
+    ok(run(&fake, &actions).await);
+    let calls = fake.calls();
+    assert_eq!(calls.len(), 1, "nothing after it, no Event: {calls:?}");
+    assert!(matches!(&calls[0], Call::Annotate(n, _) if n == "data-web-2"));
+}
+
+#[tokio::test]
 async fn giving_up_is_a_warning_on_the_set() {
     let fake = Fake::default();
     ok(run(&fake, &[failure(2, FailureKind::Failed, true, false)]).await);
     let calls = fake.calls();
-    assert!(matches!(&calls[0], Call::Annotate(n, pairs) if n == "data-web-2" && pairs.len() == 4));
+    // The counts, and the pod counted as the record's current one.
+    assert!(
+        matches!(&calls[0], Call::Annotate(n, pairs) if n == "data-web-2" && pairs.len() == 5
+        && pairs.contains(&(claim_annotations::POD_UID.to_owned(), Some("p".to_owned()))))
+    );
     assert!(calls.contains(&Call::Event("DrainGaveUp".to_owned())));
 }
 

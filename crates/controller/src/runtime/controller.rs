@@ -11,7 +11,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, mpsc};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::runtime::metrics::Metrics;
 use crate::runtime::status_writer::StatusWriter;
@@ -110,6 +110,7 @@ impl Context {
             metrics,
             ready,
             replan,
+            background: tokio_util::task::TaskTracker::new(),
             config,
             scope,
             client,
@@ -239,6 +240,7 @@ async fn run_scope(
     ));
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
     let (replan_tx, mut replan_rx) = mpsc::unbounded_channel::<(String, String)>();
+    let stop_began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
     let ctx = Arc::new(Context::new(
         &shared,
         scope.clone(),
@@ -274,8 +276,16 @@ async fn run_scope(
             let routes = routes.clone();
             async move {
                 while let Some((ns, set)) = replan_rx.recv().await {
+                    info!(namespace = %ns, statefulset = %set, "planning the set again: a write made in the background failed");
                     routes.set_named(&ns, &set);
                 }
+            }
+        }),
+        tokio::spawn({
+            let (began, stop) = (Arc::clone(&stop_began), shutdown.clone());
+            async move {
+                stop.await;
+                let _ = began.set(tokio::time::Instant::now());
             }
         }),
         gate,
@@ -296,10 +306,30 @@ async fn run_scope(
         shutdown,
     );
     let (builtin, advanced) = futures::join!(builtin, advanced);
+    let records = wait_background(&ctx, stop_began.get().copied()).await;
     for task in background {
         task.abort();
     }
-    Stopped::merge([builtin, advanced])
+    Stopped::merge([builtin, advanced, records])
+}
+
+/// After the controllers stopped: waits for the writes they left in the background (new drain
+/// pods' records) until the stop's grace, counted from `began`, is over. Writes still on their
+/// way then are reported as dropped reconciles (their requests may land after a new leader
+/// took over: the Lease is left to expire).
+async fn wait_background(ctx: &Context, began: Option<tokio::time::Instant>) -> Stopped {
+    ctx.background.close();
+    let until = began.unwrap_or_else(tokio::time::Instant::now) + ctx.config.stop_grace;
+    match tokio::time::timeout_at(until, ctx.background.wait()).await {
+        Ok(()) => Stopped::Clean,
+        Err(_) => {
+            warn!(
+                left = ctx.background.len(),
+                "claim records still being written at the end of the stop's grace; dropped (the next leader writes them again)"
+            );
+            Stopped::DroppedReconciles
+        }
+    }
 }
 
 #[cfg(test)]

@@ -158,19 +158,22 @@ impl<T: Clone> Recent<T> {
 
 /// One write at a time per object (by namespace and name), in the order they were asked for
 /// (tokio's mutex is fair): held across a write, so that one asked for later never overtakes
-/// a write still on its way.
+/// a write still on its way. The gate holds a flag a failed write sets
+/// ([`Recent::pending`]'s): the write queued behind it was planned as if it had been made, so
+/// it is not sent (the one that finds the flag clears it).
 #[derive(Default)]
 pub struct Gates {
     gates: Mutex<HashMap<(String, String), Gate>>,
 }
 
-/// One object's gate: held by the write on its way, waited for by the later ones.
-type Gate = Arc<tokio::sync::Mutex<()>>;
+/// One object's gate: held by the write on its way, waited for by the later ones; `true` after
+/// a failed write, until the next one finds it.
+type Gate = Arc<tokio::sync::Mutex<bool>>;
 
 impl Gates {
     /// Waits for the writes of `namespace/name` asked for before, and holds its gate until the
     /// guard is dropped.
-    pub async fn enter(&self, namespace: &str, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    pub async fn enter(&self, namespace: &str, name: &str) -> tokio::sync::OwnedMutexGuard<bool> {
         let gate = {
             let mut gates = self.gates.lock().expect("gates lock");
             // A gate no one holds or waits for is done with.
@@ -335,5 +338,24 @@ mod tests {
             1,
             "idle gates are dropped"
         );
+    }
+
+    #[tokio::test]
+    async fn the_write_after_a_failed_one_finds_the_flag_once() {
+        let gates = Gates::default();
+        let mut failed = gates.enter("ns", "a").await;
+        *failed = true;
+        let gates = Arc::new(gates);
+        let next = {
+            let gates = Arc::clone(&gates);
+            tokio::spawn(async move {
+                let mut g = gates.enter("ns", "a").await;
+                std::mem::take(&mut *g)
+            })
+        };
+        tokio::task::yield_now().await;
+        drop(failed);
+        assert!(next.await.unwrap(), "the write queued behind it is told");
+        assert!(!*gates.enter("ns", "a").await, "and only that one");
     }
 }

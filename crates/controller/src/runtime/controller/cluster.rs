@@ -311,7 +311,11 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<Patched, kube::Error> {
         let ns = self.set.namespace.as_deref().unwrap_or_default();
-        let _in_order = self.recent.claim_gates.enter(ns, name).await;
+        let mut gate = self.recent.claim_gates.enter(ns, name).await;
+        if std::mem::take(&mut *gate) {
+            // Planned while the failed write was read as made: planned again instead.
+            return Ok(Patched::Stale);
+        }
         patch_claim(
             &self.claims,
             self.metrics,
@@ -334,9 +338,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         // is taken before the reconcile goes on, so its later writes queue behind this one.
         let mut by_name: Vec<&ClaimRef> = claims.iter().collect();
         by_name.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut gates = Vec::with_capacity(claims.len());
+        let mut gates = BTreeMap::new();
         for c in by_name {
-            gates.push(self.recent.claim_gates.enter(&ns, &c.name).await);
+            let gate = self.recent.claim_gates.enter(&ns, &c.name).await;
+            gates.insert(c.name.clone(), gate);
             if let Some((cached, version)) = self.ctx.claims.get_versioned(&ns, &c.name) {
                 let ours = self.recent.claims.newer_than(&ns, &c.name, version);
                 let entry = newest_claim(cached, ours);
@@ -354,13 +359,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             claims: claims.to_vec(),
             annotations: annotations.clone(),
         };
-        tokio::spawn(
-            async move {
-                record.write().await;
-                drop(gates);
-            }
-            .in_current_span(),
-        );
+        // Tracked: a stop waits for it, within its grace (`run_scope`).
+        self.ctx
+            .background
+            .spawn(record.write(gates).in_current_span());
         true
     }
 
@@ -444,11 +446,13 @@ struct Record {
 }
 
 impl Record {
-    /// Writes the record to each claim in turn, the leader only, and stops at the first claim
-    /// that is gone or was replaced, or at the first failure: the claims not written are no
-    /// longer read as written, and the set is planned again (a failure is a Warning Event and a
-    /// log line first). The planner then sees the drain pod unrecorded and records it again.
-    async fn write(self) {
+    /// Writes the record to each claim in turn, the leader only, holding the claims' `gates`,
+    /// and stops at the first claim that is gone or was replaced, or at the first failure: the
+    /// claims not written are no longer read as written, the writes queued behind them are not
+    /// sent ([`Patched::Stale`]: they were planned from the record as written), and the set is
+    /// planned again (a failure is a Warning Event and a log line first). The planner then sees
+    /// the drain pod unrecorded and records it again.
+    async fn write(self, mut gates: BTreeMap<String, tokio::sync::OwnedMutexGuard<bool>>) {
         let ns = self.set.namespace.clone().unwrap_or_default();
         let set_name = self.set.name.clone().unwrap_or_default();
         let ctx = &self.ctx;
@@ -464,7 +468,8 @@ impl Record {
                 )
                 .await;
                 match patched {
-                    Ok(Patched::Done) => continue,
+                    // (`Stale` is the gate's answer, never a patch's.)
+                    Ok(Patched::Done | Patched::Stale) => continue,
                     Ok(Patched::Gone) => {
                         info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
                         true
@@ -493,6 +498,9 @@ impl Record {
             if stop {
                 for c in &self.claims[i..] {
                     ctx.recent.claims.failed(&ns, &c.name);
+                    if let Some(gate) = gates.get_mut(&c.name) {
+                        **gate = true;
+                    }
                 }
                 let _ = ctx.replan.send((ns, set_name));
                 return;

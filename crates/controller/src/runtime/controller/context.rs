@@ -127,6 +127,8 @@ pub struct Context {
     /// Has the sets of either kind with this name (namespace, name) planned again: sent when
     /// a write made in the background failed.
     pub(super) replan: tokio::sync::mpsc::UnboundedSender<(String, String)>,
+    /// The writes made in the background (new drain pods' records): a stop waits for them.
+    pub(super) background: tokio_util::task::TaskTracker,
 }
 
 impl Context {
