@@ -65,9 +65,15 @@ pub struct Filter<K> {
     pub index: Option<Index>,
 }
 
+/// What is remembered of an object passed on: its fingerprint and the sets it was indexed under.
+struct Seen {
+    fingerprint: u64,
+    sets: Vec<SetKey>,
+}
+
 struct State<K> {
     filter: Filter<K>,
-    seen: HashMap<(String, String), u64>,
+    seen: HashMap<(String, String), Seen>,
     relisting: Option<HashSet<(String, String)>>,
 }
 
@@ -88,11 +94,23 @@ impl<K: Resource> State<K> {
                 if let Some(relist) = self.relisting.as_mut() {
                     relist.insert(key.clone());
                 }
-                let fp = (self.filter.fingerprint)(&obj);
+                let fingerprint = (self.filter.fingerprint)(&obj);
+                let sets = (self.filter.sets)(&obj);
                 if let Some(index) = &self.filter.index {
-                    index.insert(&(self.filter.sets)(&obj), &key.1);
+                    if let Some(before) = self.seen.get(&key) {
+                        // Indexed under sets it no longer names (its labels changed).
+                        let left: Vec<SetKey> = before
+                            .sets
+                            .iter()
+                            .filter(|s| !sets.contains(s))
+                            .cloned()
+                            .collect();
+                        index.remove(&left, &key.1);
+                    }
+                    index.insert(&sets, &key.1);
                 }
-                if self.seen.insert(key, fp) == Some(fp) {
+                let before = self.seen.insert(key, Seen { fingerprint, sets });
+                if before.is_some_and(|b| b.fingerprint == fingerprint) {
                     Vec::new()
                 } else {
                     vec![obj]
@@ -111,10 +129,18 @@ impl<K: Resource> State<K> {
                 Vec::new()
             }
             watcher::Event::InitDone => {
-                // Objects deleted while the watch was down: forget them. Their sets are looked
-                // at again by the periodic resync.
+                // Objects deleted while the watch was down: forget them, and unindex them (the
+                // cache no longer holds them either). Their sets are looked at again by the
+                // periodic resync.
                 if let Some(listed) = self.relisting.take() {
-                    self.seen.retain(|k, _| listed.contains(k));
+                    let index = self.filter.index.as_ref();
+                    self.seen.retain(|k, seen| {
+                        let keep = listed.contains(k);
+                        if !keep && let Some(index) = index {
+                            index.remove(&seen.sets, &k.1);
+                        }
+                        keep
+                    });
                 }
                 Vec::new()
             }
@@ -201,7 +227,32 @@ mod tests {
         assert!(s.on(watcher::Event::InitApply(cm("a", "1"))).is_empty());
         s.on(watcher::Event::InitDone);
         assert_eq!(s.seen.len(), 1);
+        assert!(
+            index.names("ns", "b").is_empty(),
+            "what the relist did not list is unindexed"
+        );
+        assert_eq!(index.names("ns", "a"), vec!["a".to_owned()]);
         // b comes back: it passes again.
         assert_eq!(s.on(watcher::Event::Apply(cm("b", "1"))).len(), 1);
+    }
+
+    #[test]
+    fn an_object_whose_set_changed_is_indexed_under_the_new_one_only() {
+        let index = Index::default();
+        let mut s = State {
+            filter: Filter {
+                fingerprint: |c: &ConfigMap| fingerprint(&c.data),
+                // The set is named by the value (as a drain pod's label names its set).
+                sets: |c| vec![("ns".to_owned(), c.data.as_ref().unwrap()["v"].clone())],
+                index: Some(index.clone()),
+            },
+            seen: HashMap::new(),
+            relisting: None,
+        };
+        s.on(watcher::Event::Apply(cm("a", "web")));
+        assert_eq!(index.names("ns", "web"), vec!["a".to_owned()]);
+        s.on(watcher::Event::Apply(cm("a", "db")));
+        assert!(index.names("ns", "web").is_empty());
+        assert_eq!(index.names("ns", "db"), vec!["a".to_owned()]);
     }
 }

@@ -130,6 +130,7 @@ impl<K: ServedSet> KubeCluster<'_, K> {
             .live
             .get_or_try_init(|| async {
                 // Both reads at once, alongside (or before) the drain pod's create.
+                let sent = std::time::Instant::now();
                 let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
                     match &self.twin {
                         Some(twin) => twin.exists(&name, self.metrics).await,
@@ -137,6 +138,7 @@ impl<K: ServedSet> KubeCluster<'_, K> {
                     }
                 });
                 self.metrics.request("get", "statefulsets", &result);
+                debug!(took = ?sent.elapsed(), "live read of the set answered");
                 Ok::<_, kube::Error>((result?, twin?))
             })
             .await?;
@@ -200,7 +202,9 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
+        let sent = std::time::Instant::now();
         let result = self.pods.create(&pp, pod).await;
+        debug!(took = ?sent.elapsed(), "drain pod create answered");
         self.metrics.request("create", "pods", &result);
         match result {
             Ok(mut p) => {
