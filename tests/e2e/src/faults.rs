@@ -562,6 +562,56 @@ impl DrainPodDeleteDenial {
     }
 }
 
+impl AdmissionDenial {
+    /// Denies every change of the annotation `key` on the objects of `resource` (in API group
+    /// `group`) in the namespace, and nothing else.
+    async fn annotation(
+        client: &Client,
+        ns: &TestNamespace,
+        what: &str,
+        (group, resource): (&str, &str),
+        key: &str,
+        message: String,
+    ) -> Result<Self> {
+        let value = |obj: &str| {
+            format!(
+                "(has({obj}.metadata.annotations) && '{key}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{key}'] : '')"
+            )
+        };
+        Self::create(
+            client,
+            ns,
+            what,
+            json!([{
+                "apiGroups": [group], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": [resource],
+            }]),
+            format!("{} == {}", value("object"), value("oldObject")),
+            message,
+        )
+        .await
+    }
+
+    /// Waits until the apiserver enforces an [`AdmissionDenial::annotation`] policy: a dry-run
+    /// write of `key` on the object `name` of `api` is denied with the policy's message.
+    async fn wait_annotation_enforced<K>(&self, api: &Api<K>, name: &str, key: &str) -> Result<()>
+    where
+        K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        self.wait_enforced(|| async move {
+            let patch = json!({"metadata": {"annotations": {key: "probe"}}});
+            api.patch(
+                name,
+                &kube::api::PatchParams::default().dry_run(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await
+            .map(|_| ())
+        })
+        .await
+    }
+}
+
 /// An admission policy that denies every change of the `drain-status` annotation of the
 /// StatefulSets in one namespace (the controller's status writes), and nothing else.
 pub struct StatusWriteDenial(AdmissionDenial);
@@ -569,21 +619,12 @@ pub struct StatusWriteDenial(AdmissionDenial);
 impl StatusWriteDenial {
     /// Denies changing the status annotation of any StatefulSet in the namespace.
     pub async fn create(client: &Client, ns: &TestNamespace) -> Result<Self> {
-        let status = |obj: &str| {
-            format!(
-                "(has({obj}.metadata.annotations) && '{k}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{k}'] : '')",
-                k = annotations::STATUS
-            )
-        };
-        AdmissionDenial::create(
+        AdmissionDenial::annotation(
             client,
             ns,
             "status",
-            json!([{
-                "apiGroups": ["apps"], "apiVersions": ["v1"],
-                "operations": ["UPDATE"], "resources": ["statefulsets"],
-            }]),
-            format!("{} == {}", status("object"), status("oldObject")),
+            ("apps", "statefulsets"),
+            annotations::STATUS,
             format!("{DENIAL_MARKER}: the drain status may not change"),
         )
         .await
@@ -593,19 +634,8 @@ impl StatusWriteDenial {
     /// Waits until the apiserver enforces the policy: a dry-run write of the status annotation
     /// of `set` is denied with the policy's message.
     pub async fn wait_enforced(&self, ns: &TestNamespace, set: &str) -> Result<()> {
-        let sets = ns.api::<StatefulSet>();
-        let sets = &sets;
         self.0
-            .wait_enforced(|| async move {
-                let patch = json!({"metadata": {"annotations": {annotations::STATUS: "probe"}}});
-                sets.patch(
-                    set,
-                    &kube::api::PatchParams::default().dry_run(),
-                    &kube::api::Patch::Merge(patch),
-                )
-                .await
-                .map(|_| ())
-            })
+            .wait_annotation_enforced(&ns.api::<StatefulSet>(), set, annotations::STATUS)
             .await
     }
 
@@ -622,21 +652,12 @@ pub struct ClaimRecordDenial(AdmissionDenial);
 impl ClaimRecordDenial {
     /// Denies changing the drain pod record of any claim in the namespace.
     pub async fn create(client: &Client, ns: &TestNamespace) -> Result<Self> {
-        let record = |obj: &str| {
-            format!(
-                "(has({obj}.metadata.annotations) && '{k}' in {obj}.metadata.annotations ? {obj}.metadata.annotations['{k}'] : '')",
-                k = drain_api::claim_annotations::POD_UID
-            )
-        };
-        AdmissionDenial::create(
+        AdmissionDenial::annotation(
             client,
             ns,
             "claim-record",
-            json!([{
-                "apiGroups": [""], "apiVersions": ["v1"],
-                "operations": ["UPDATE"], "resources": ["persistentvolumeclaims"],
-            }]),
-            format!("{} == {}", record("object"), record("oldObject")),
+            ("", "persistentvolumeclaims"),
+            drain_api::claim_annotations::POD_UID,
             format!("{DENIAL_MARKER}: the drain pod record of a claim may not change"),
         )
         .await
@@ -646,22 +667,12 @@ impl ClaimRecordDenial {
     /// Waits until the apiserver enforces the policy: a dry-run write of the record on `claim`
     /// is denied with the policy's message.
     pub async fn wait_enforced(&self, ns: &TestNamespace, claim: &str) -> Result<()> {
-        let claims = ns.api::<PersistentVolumeClaim>();
-        let claims = &claims;
         self.0
-            .wait_enforced(|| async move {
-                let patch = json!({"metadata": {"annotations": {
-                    drain_api::claim_annotations::POD_UID: "probe",
-                }}});
-                claims
-                    .patch(
-                        claim,
-                        &kube::api::PatchParams::default().dry_run(),
-                        &kube::api::Patch::Merge(patch),
-                    )
-                    .await
-                    .map(|_| ())
-            })
+            .wait_annotation_enforced(
+                &ns.api::<PersistentVolumeClaim>(),
+                claim,
+                drain_api::claim_annotations::POD_UID,
+            )
             .await
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use drain_api::annotations::{DRAINER_POD_TEMPLATE as TEMPLATE, STATUS};
+use e2e::faults::count_log_lines;
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -100,6 +101,110 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
         status.contains(r#""2":{"state":"done""#),
         "status: {status}"
     );
+    Ok(())
+}
+
+/// The pods of a scale-down go one after another, and a drain pod's create can take long (here
+/// an admission webhook holds each for 4 s): the drain pods of the pods that go while a create
+/// is in flight are created beside it, not after it. The three pods of a Parallel set stop 0,
+/// 1 and 2 s after their SIGTERM; judged from the drain pods' own creation times (the API
+/// server's), which one create after another would space by at least the 4 s each is held.
+/// (The drain pods' slots are counted with the creates in flight: see
+/// `ordered_ready_scale_to_zero_drains_one_at_a_time_highest_first`.)
+#[tokio::test]
+async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-creates-overlap").await?;
+    let _hang = e2e::faults::HangingCreates::create(&client, &ns, 4).await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    let set = drain_set("web", "true")
+        .parallel()
+        .script("echo $HOSTNAME > /data/owner; trap 'sleep ${HOSTNAME##*-}; exit 0' TERM");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+
+    // Every drain pod seen, by UID, with its creation time (whole seconds, the API server's).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let poll = {
+        let (pods, seen) = (ns.api::<Pod>(), std::sync::Arc::clone(&seen));
+        tokio::spawn(async move {
+            let drains = kube::api::ListParams::default().labels(drain_api::labels::DRAIN_POD);
+            loop {
+                if let Ok(list) = pods.list(&drains).await {
+                    let mut seen = seen.lock().expect("seen");
+                    for p in list.items {
+                        if let (Some(uid), Some(at)) = (
+                            p.metadata.uid.clone(),
+                            p.metadata.creation_timestamp.clone(),
+                        ) {
+                            seen.entry(uid).or_insert(at.0);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    scale(&ns, "web", 0).await?;
+    for o in 0..3 {
+        wait_claim_gone(&ns, &format!("data-web-{o}"), T).await?;
+    }
+    poll.abort();
+    let created: Vec<k8s_openapi::jiff::Timestamp> =
+        seen.lock().expect("seen").values().copied().collect();
+    anyhow::ensure!(
+        created.len() == 3,
+        "three drain pods, once each: {created:?}"
+    );
+    let (first, last) = (created.iter().min().unwrap(), created.iter().max().unwrap());
+    let spread = last.duration_since(*first);
+    anyhow::ensure!(
+        spread < k8s_openapi::jiff::SignedDuration::from_secs(6),
+        "the creates went one after another ({spread:?} from the first drain pod to the last; \
+         one after another would take 8 s at least)"
+    );
+    anyhow::ensure!(
+        count_log_lines(
+            &controller.log,
+            "acting on pods gone while creates were in flight"
+        )? >= 1,
+        "no create was sent while another was in flight"
+    );
+    assert_claims_kept(&ns, &[]).await?;
+    Ok(())
+}
+
+/// A claim of a drained ordinal made again after its drain (as the StatefulSet controller does
+/// when it acts on a stale replica count: it makes the claim, then no pod) is a new claim with
+/// data no drain has seen: it is drained again, by a new drain pod bound to it by its new UID,
+/// and deleted only after that drain; the claims of the ordinals that run are kept.
+#[tokio::test]
+async fn a_claim_made_again_for_a_drained_ordinal_is_drained_again() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-claim-again").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // (The claim made again is empty: no owner to check.)
+    start_set(&ns, &drain_set("web", "sleep 1")).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let again: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data-web-2", "labels": {"app": "web"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Mi"}}},
+    }))?;
+    let again = claims.create(&Default::default(), &again).await?;
+    let uid = again.metadata.uid.clone().unwrap_or_default();
+    wait_drain_pod(&ns, "web-2", None).await?;
+    let drain = ns.api::<Pod>().get("web-2").await?;
+    let recorded =
+        &drain.metadata.annotations.unwrap_or_default()["statefulsets.kubernetes.io/drain-claims"];
+    assert_eq!(recorded, &format!("{{\"data-web-2\":\"{uid}\"}}"));
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
 }
 

@@ -34,6 +34,7 @@ mod context;
 mod fill;
 mod kinds;
 mod memory;
+mod pods_gone;
 mod reconcile;
 mod serve;
 mod snapshot;
@@ -111,6 +112,7 @@ impl Context {
             ready,
             replan,
             background: tokio_util::task::TaskTracker::new(),
+            pods_changed: Arc::default(),
             config,
             scope,
             client,
@@ -251,8 +253,12 @@ async fn run_scope(
         replan_tx,
     ));
 
-    let (routes, set_triggers, advanced_triggers) =
-        Routes::new(sets.clone(), advanced_sets, ctx.drain_pod_index.clone());
+    let (routes, set_triggers, advanced_triggers) = Routes::new(
+        sets.clone(),
+        advanced_sets,
+        ctx.drain_pod_index.clone(),
+        Arc::clone(&ctx.pods_changed),
+    );
     let filler = fill::Filler {
         client: client.clone(),
         interest: Arc::clone(&ctx.interest),

@@ -88,11 +88,13 @@ impl<T: Clone> Recent<T> {
         let mut state = self.state.lock().expect("recent writes lock");
         state.kept.retain(|_, k| k.at.elapsed() < TTL);
         let key = (namespace.to_owned(), name.to_owned());
-        // The answer to a pending write takes its place.
-        let newer = state
-            .kept
-            .get(&key)
-            .is_none_or(|k| k.version < version || k.version == PENDING);
+        // The answer to a pending write takes its place, or, when the watch has passed it
+        // already, drops it.
+        let pending = state.kept.get(&key).is_some_and(|k| k.version == PENDING);
+        let newer = pending || state.kept.get(&key).is_none_or(|k| k.version < version);
+        if pending && version <= state.seen {
+            state.kept.remove(&key);
+        }
         if version > state.seen && newer {
             state.kept.insert(
                 key,
@@ -158,26 +160,49 @@ impl<T: Clone> Recent<T> {
 
 /// One write at a time per object (by namespace and name), in the order they were asked for
 /// (tokio's mutex is fair): held across a write, so that one asked for later never overtakes
-/// a write still on its way. The gate holds a flag a failed write sets
-/// ([`Recent::pending`]'s): the write queued behind it was planned as if it had been made, so
-/// it is not sent (the one that finds the flag clears it).
+/// a write still on its way. A failed write leaves a mark on its gate ([`mark_failed`]; the
+/// writes of [`Recent::pending`]): the next write may have been planned from it as made, so it
+/// is not sent ([`follows_failure`], which clears the mark; one planned after the failure is so
+/// refused once, and planned again). The mark outlives the failed write's
+/// guard, for [`TTL`] (as long as the pending write was read), whether or not a write waits.
 #[derive(Default)]
 pub struct Gates {
     gates: Mutex<HashMap<(String, String), Gate>>,
 }
 
-/// One object's gate: held by the write on its way, waited for by the later ones; `true` after
-/// a failed write, until the next one finds it.
-type Gate = Arc<tokio::sync::Mutex<bool>>;
+/// One object's gate: held by the write on its way, waited for by the later ones; marked with
+/// the instant of a failed write, until the next one finds it.
+type Gate = Arc<tokio::sync::Mutex<Option<Instant>>>;
+
+/// A gate held ([`Gates::enter`]).
+pub type Entered = tokio::sync::OwnedMutexGuard<Option<Instant>>;
+
+/// Marks on a held gate that the write made under it failed.
+pub fn mark_failed(gate: &mut Entered) {
+    **gate = Some(Instant::now());
+}
+
+/// Whether a write of ours made under the gate before this one failed within [`TTL`] (this
+/// one was then planned from it as made); clears the mark.
+pub fn follows_failure(gate: &mut Entered) -> bool {
+    gate.take().is_some_and(|at| at.elapsed() < TTL)
+}
+
+/// Whether a mark is still to be found.
+fn marked(at: Option<Instant>) -> bool {
+    at.is_some_and(|at| at.elapsed() < TTL)
+}
 
 impl Gates {
     /// Waits for the writes of `namespace/name` asked for before, and holds its gate until the
     /// guard is dropped.
-    pub async fn enter(&self, namespace: &str, name: &str) -> tokio::sync::OwnedMutexGuard<bool> {
+    pub async fn enter(&self, namespace: &str, name: &str) -> Entered {
         let gate = {
             let mut gates = self.gates.lock().expect("gates lock");
-            // A gate no one holds or waits for is done with.
-            gates.retain(|_, g| Arc::strong_count(g) > 1);
+            // A gate no one holds or waits for, and not marked, is done with.
+            gates.retain(|_, g| {
+                Arc::strong_count(g) > 1 || g.try_lock().map_or(true, |at| marked(*at))
+            });
             Arc::clone(
                 gates
                     .entry((namespace.to_owned(), name.to_owned()))
@@ -293,6 +318,14 @@ mod tests {
         r.saw(Some("61"));
         assert_eq!(r.newer_than("ns", "a", 61), None, "the watch delivered it");
 
+        r.pending("ns", "d", "pending");
+        r.wrote("ns", "d", Some("55"), "answered after its event");
+        assert_eq!(
+            r.newer_than("ns", "d", 0),
+            None,
+            "an answer the watch passed already drops the pending write"
+        );
+
         r.pending("ns", "b", "pending");
         r.failed("ns", "b");
         assert_eq!(
@@ -344,18 +377,28 @@ mod tests {
     async fn the_write_after_a_failed_one_finds_the_flag_once() {
         let gates = Gates::default();
         let mut failed = gates.enter("ns", "a").await;
-        *failed = true;
+        mark_failed(&mut failed);
         let gates = Arc::new(gates);
         let next = {
             let gates = Arc::clone(&gates);
             tokio::spawn(async move {
                 let mut g = gates.enter("ns", "a").await;
-                std::mem::take(&mut *g)
+                follows_failure(&mut g)
             })
         };
         tokio::task::yield_now().await;
         drop(failed);
         assert!(next.await.unwrap(), "the write queued behind it is told");
-        assert!(!*gates.enter("ns", "a").await, "and only that one");
+        assert!(
+            !follows_failure(&mut gates.enter("ns", "a").await),
+            "and only that one"
+        );
+
+        // No write waits when it fails: the mark is kept for the next one all the same.
+        let mut failed = gates.enter("ns", "b").await;
+        mark_failed(&mut failed);
+        drop(failed);
+        let _other = gates.enter("ns", "c").await;
+        assert!(follows_failure(&mut gates.enter("ns", "b").await));
     }
 }

@@ -31,6 +31,7 @@ use crate::retain::RetainError;
 use crate::runtime::leader::Leadership;
 use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::recent::{self, Recent};
 use crate::runtime::status_writer::{Patcher, Target};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
@@ -202,6 +203,11 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
+        // While in flight, shown as a Pending drain pod of ours to a plan made meanwhile by this
+        // reconcile (`pods_gone`): its slot is taken. Dropped when the create fails, or is
+        // dropped itself; replaced by the answer.
+        let ns = self.set.namespace.clone().unwrap_or_default();
+        let _in_flight = InFlight::new(&self.recent.pods, &ns, pod);
         let sent = std::time::Instant::now();
         let result = self.pods.create(&pp, pod).await;
         debug!(took = ?sent.elapsed(), "drain pod create answered");
@@ -316,7 +322,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     ) -> Result<Patched, kube::Error> {
         let ns = self.set.namespace.as_deref().unwrap_or_default();
         let mut gate = self.recent.claim_gates.enter(ns, name).await;
-        if std::mem::take(&mut *gate) {
+        if recent::follows_failure(&mut gate) {
             // Planned while the failed write was read as made: planned again instead.
             return Ok(Patched::Stale);
         }
@@ -406,6 +412,31 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 }
 
+/// A drain pod's create in flight, kept in `recent` as a pending write until it is answered
+/// ([`Recent::wrote`] takes its place) or fails (dropped with this guard).
+struct InFlight<'a> {
+    pods: &'a Recent<Pod>,
+    ns: &'a str,
+    name: String,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(pods: &'a Recent<Pod>, ns: &'a str, pod: &Pod) -> Self {
+        let name = pod.name_any();
+        let mut pending = pod.clone();
+        pending.metadata.namespace = Some(ns.to_owned());
+        pods.pending(ns, &name, pending);
+        Self { pods, ns, name }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Only a pending write goes: an answer kept meanwhile stays.
+        self.pods.failed(self.ns, &self.name);
+    }
+}
+
 /// Patches annotations of the claim `name` if it still has this UID (a precondition: a claim
 /// recreated under the name is left alone), and keeps the answer in `recent`.
 async fn patch_claim(
@@ -456,7 +487,7 @@ impl Record {
     /// sent ([`Patched::Stale`]: they were planned from the record as written), and the set is
     /// planned again (a failure is a Warning Event and a log line first). The planner then sees
     /// the drain pod unrecorded and records it again.
-    async fn write(self, mut gates: BTreeMap<String, tokio::sync::OwnedMutexGuard<bool>>) {
+    async fn write(self, mut gates: BTreeMap<String, recent::Entered>) {
         let ns = self.set.namespace.clone().unwrap_or_default();
         let set_name = self.set.name.clone().unwrap_or_default();
         let ctx = &self.ctx;
@@ -503,7 +534,7 @@ impl Record {
                 for c in &self.claims[i..] {
                     ctx.recent.claims.failed(&ns, &c.name);
                     if let Some(gate) = gates.get_mut(&c.name) {
-                        **gate = true;
+                        recent::mark_failed(gate);
                     }
                 }
                 let _ = ctx.replan.send((ns, set_name));

@@ -129,6 +129,8 @@ pub struct Context {
     pub(super) replan: tokio::sync::mpsc::UnboundedSender<(String, String)>,
     /// The writes made in the background (new drain pods' records): a stop waits for them.
     pub(super) background: tokio_util::task::TaskTracker,
+    /// Wakes a reconcile waiting for creates when a pod of its set changes ([`super::pods_gone`]).
+    pub(super) pods_changed: Arc<super::pods_gone::PodsChanged>,
 }
 
 impl Context {

@@ -16,6 +16,7 @@ use tracing::{debug, error, info, info_span, warn};
 use super::cluster::{KubeCluster, publish};
 use super::context::{Context, Error, opted_in, set_reference};
 use super::memory::set_id;
+use super::pods_gone::{Replan, act_while_pods_go};
 use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
 
 use crate::act::{ActCtx, ActError, EventSpec, Severity};
@@ -89,7 +90,21 @@ pub(super) async fn reconcile<K: ServedSet>(
             )
             .await;
         }
-        let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
+        let replan = Replan {
+            ctx: &ctx,
+            set: &set,
+            set_ref: &set_ref,
+            settings: &checked.settings,
+            reserved: &snap.reserved,
+            also_held: &snap.also_held,
+        };
+        let (failed, carried_out) =
+            act_while_pods_go(&replan, &cluster, &act_ctx, &plan.actions).await;
+        // Counted with the creates of the pods gone meanwhile.
+        let plan = plan::Plan {
+            actions: carried_out,
+            ..plan
+        };
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());

@@ -21,6 +21,7 @@ use tracing::{debug, info};
 use super::api::api;
 use super::context::Recents;
 use super::kinds::Released;
+use super::pods_gone::PodsChanged;
 
 use crate::runtime::interest::{Entered, Interest, SetNames, wants_claim, wants_pod};
 use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, Keep, PodEntry};
@@ -185,6 +186,8 @@ pub(super) struct Routes {
     /// Drain pods by set: a set that opted out with a drain in flight still hears of its
     /// claims (an approval given while it waits).
     pub(super) in_flight: Index,
+    /// Wakes a reconcile waiting for creates when a pod of its set changes.
+    pub(super) pods_changed: Arc<PodsChanged>,
 }
 
 impl Routes {
@@ -194,6 +197,7 @@ impl Routes {
         sets: Store<StatefulSet>,
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         in_flight: Index,
+        pods_changed: Arc<PodsChanged>,
     ) -> (
         Self,
         mpsc::UnboundedReceiver<ObjectRef<StatefulSet>>,
@@ -207,6 +211,7 @@ impl Routes {
             advanced,
             to_advanced,
             in_flight,
+            pods_changed,
         };
         (routes, set_triggers, advanced_triggers)
     }
@@ -216,6 +221,9 @@ impl Routes {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let owners = pod.metadata.owner_references.iter().flatten();
         for o in owners.filter(|o| o.kind == "StatefulSet" && o.controller == Some(true)) {
+            // Besides the trigger: the set's reconcile in progress, if it waits for creates, acts
+            // on this pod too.
+            self.pods_changed.changed(&ns, &o.name);
             match SetKind::of_api_version(&o.api_version) {
                 Some(SetKind::StatefulSet) => {
                     if let Some(r) = opted_in_ref(&self.sets, &o.name, &ns) {

@@ -1,0 +1,195 @@
+//! Acting on the pods that go while a set's reconcile has creates in flight.
+//!
+//! A set's reconciles run one at a time (kube-runtime), and a scale-down's pods go one after
+//! another, tens of milliseconds apart: without this, a pod that goes while its set's reconcile
+//! waits for a drain pod's create waits for that create, then for its own. So while a
+//! reconcile's creates are in flight it is woken ([`PodsChanged`]) when a pod of its set
+//! changes, plans again from the caches, and sends the creates of the ordinals it has not acted
+//! on yet, beside the ones in flight. A create in flight is shown to that plan as a Pending
+//! drain pod of ours (a pending write in `recent`), so the set's slots are counted right; the
+//! reconcile still holds its set, so no other reconcile of it sees one.
+
+use std::collections::{BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::ResourceExt;
+use tokio::sync::Notify;
+use tracing::info;
+
+use super::cluster::KubeCluster;
+use super::context::{Context, opted_in};
+use super::memory::set_id;
+use super::snapshot::observe_set;
+
+use crate::act::{self, ActCtx, ActError};
+use crate::plan::{self, Action};
+use crate::runtime::watch::SetKey;
+use crate::set_kind::ServedSet;
+
+/// The sets whose reconcile waits for creates, each with what wakes it.
+#[derive(Default)]
+pub(super) struct PodsChanged {
+    waiting: Mutex<HashMap<SetKey, Arc<Notify>>>,
+}
+
+impl PodsChanged {
+    /// Wakes the reconcile of the set `name` in `ns` if one waits (or keeps the wake-up for it,
+    /// if it is not listening at this instant).
+    pub(super) fn changed(&self, ns: &str, name: &str) {
+        let waiting = self.waiting.lock().expect("pods changed lock");
+        if let Some(notify) = waiting.get(&(ns.to_owned(), name.to_owned())) {
+            notify.notify_one();
+        }
+    }
+
+    /// Listens for the changes of the set's pods until the guard is dropped.
+    fn listen(&self, ns: &str, name: &str) -> Listening<'_> {
+        let key = (ns.to_owned(), name.to_owned());
+        let notify = Arc::new(Notify::new());
+        self.waiting
+            .lock()
+            .expect("pods changed lock")
+            .insert(key.clone(), Arc::clone(&notify));
+        Listening {
+            changes: self,
+            key,
+            notify,
+        }
+    }
+}
+
+/// A reconcile listening ([`PodsChanged::listen`]).
+struct Listening<'a> {
+    changes: &'a PodsChanged,
+    key: SetKey,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.changes.waiting.lock().expect("pods changed lock");
+        if waiting
+            .get(&self.key)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            waiting.remove(&self.key);
+        }
+    }
+}
+
+/// What a plan made again while creates are in flight needs of the reconcile.
+pub(super) struct Replan<'a> {
+    pub(super) ctx: &'a Arc<Context>,
+    pub(super) set: &'a StatefulSet,
+    pub(super) set_ref: &'a ObjectReference,
+    pub(super) settings: &'a plan::Settings,
+    /// The snapshot's `reserved` and `also_held`, as the reconcile set them.
+    pub(super) reserved: &'a BTreeSet<i32>,
+    pub(super) also_held: &'a Option<drain_api::names::OrdinalRange>,
+}
+
+type Round<'a> = Pin<Box<dyn Future<Output = Vec<(i32, ActError)>> + Send + 'a>>;
+
+/// Carries out `actions` ([`act::apply`]); while creates of drain pods are among them and in
+/// flight, plans again each time a pod of the set changes and carries out, beside them, the
+/// creates of the ordinals not acted on yet. Returns the failures and every action carried out.
+pub(super) async fn act_while_pods_go<K: ServedSet>(
+    replan: &Replan<'_>,
+    cluster: &KubeCluster<'_, K>,
+    act_ctx: &ActCtx<'_>,
+    actions: &[Action],
+) -> (Vec<(i32, ActError)>, Vec<Action>) {
+    let creates = |a: &Action| matches!(a, Action::CreateDrainPod { .. });
+    if !actions.iter().any(creates) || !opted_in(replan.set) {
+        return (
+            act::apply(cluster, act_ctx, actions).await,
+            actions.to_vec(),
+        );
+    }
+    let (ns, name) = (
+        replan.set.namespace().unwrap_or_default(),
+        replan.set.name_any(),
+    );
+    let listening = replan.ctx.pods_changed.listen(&ns, &name);
+    let mut acted: BTreeSet<i32> = actions.iter().map(Action::ordinal).collect();
+    let mut all = actions.to_vec();
+    let mut rounds: FuturesUnordered<Round<'_>> = FuturesUnordered::new();
+    rounds.push(Box::pin(act::apply(cluster, act_ctx, actions)));
+    let mut failed = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            done = rounds.next() => match done {
+                Some(f) => failed.extend(f),
+                None => break,
+            },
+            () = listening.notify.notified() => {
+                let new = creates_of_pods_gone::<K>(replan, &acted);
+                if new.is_empty() || !cluster_may_act(replan) {
+                    continue;
+                }
+                info!(actions = ?new, "acting on pods gone while creates were in flight");
+                acted.extend(new.iter().map(Action::ordinal));
+                all.extend(new.iter().cloned());
+                rounds.push(Box::pin(async move {
+                    // A seam of its own: its own live read of the set, beside its creates.
+                    let cluster =
+                        KubeCluster::<K>::new(replan.ctx, replan.set, replan.set_ref.clone());
+                    act::apply(&cluster, act_ctx, &new).await
+                }));
+            }
+        }
+    }
+    (failed, all)
+}
+
+fn cluster_may_act(replan: &Replan<'_>) -> bool {
+    replan.ctx.config.leadership.is_leading()
+}
+
+/// The creates a plan made now from the caches (with the creates in flight shown as Pending
+/// drain pods) asks for, of the ordinals not `acted` on yet and not held by a pod made by hand.
+fn creates_of_pods_gone<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Vec<Action> {
+    let ctx = replan.ctx;
+    let mut snap = observe_set(ctx, K::KIND, replan.set, false);
+    snap.reserved = replan.reserved.clone();
+    snap.also_held = replan.also_held.clone();
+    let taken: BTreeSet<i32> = ctx.memory.read(&set_id(K::KIND, replan.set), |m| {
+        m.taken.keys().copied().collect()
+    });
+    plan::plan(&snap, replan.settings, Timestamp::now())
+        .actions
+        .into_iter()
+        .filter(|a| matches!(a, Action::CreateDrainPod { .. }))
+        .filter(|a| !acted.contains(&a.ordinal()) && !taken.contains(&a.ordinal()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_change_wakes_the_reconcile_that_listens_and_only_while_it_does() {
+        let changes = PodsChanged::default();
+        changes.changed("ns", "web");
+        let listening = changes.listen("ns", "web");
+        let woken = || futures::FutureExt::now_or_never(listening.notify.notified()).is_some();
+        assert!(!woken(), "a change before it listened is not kept");
+        changes.changed("ns", "other");
+        assert!(!woken(), "another set's change");
+        changes.changed("ns", "web");
+        assert!(woken(), "a change while it listens, kept until it looks");
+        drop(listening);
+        assert!(
+            changes.waiting.lock().unwrap().is_empty(),
+            "no longer listening"
+        );
+    }
+}
