@@ -105,17 +105,18 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 }
 
 /// The pods of a scale-down go one after another, and a drain pod's create can take long (here
-/// an admission webhook holds each for 4 s): the drain pods of the pods that go while a create
+/// an admission webhook holds each for 8 s): the drain pods of the pods that go while a create
 /// is in flight are created beside it, not after it. The three pods of a Parallel set stop 0,
 /// 1 and 2 s after their SIGTERM; judged from the drain pods' own creation times (the API
-/// server's), which one create after another would space by at least the 4 s each is held.
+/// server's), which creates waiting for the first one's answer would space by the 8 s it is
+/// held at least.
 /// (The drain pods' slots are counted with the creates in flight: see
 /// `ordered_ready_scale_to_zero_drains_one_at_a_time_highest_first`.)
 #[tokio::test]
 async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ctl-creates-overlap").await?;
-    let _hang = e2e::faults::HangingCreates::create(&client, &ns, 4).await?;
+    let _hang = e2e::faults::HangingCreates::create(&client, &ns, 8).await?;
     let controller = ControllerProcess::start(&ns.name, &[]);
     let set = drain_set("web", "true")
         .parallel()
@@ -160,8 +161,8 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
     let spread = last.duration_since(*first);
     anyhow::ensure!(
         spread < k8s_openapi::jiff::SignedDuration::from_secs(6),
-        "the creates went one after another ({spread:?} from the first drain pod to the last; \
-         one after another would take 8 s at least)"
+        "the creates waited for the first ({spread:?} from the first drain pod to the last; \
+         waiting would take 8 s at least)"
     );
     anyhow::ensure!(
         count_log_lines(
@@ -197,8 +198,7 @@ async fn a_claim_made_again_for_a_drained_ordinal_is_drained_again() -> Result<(
     }))?;
     let again = claims.create(&Default::default(), &again).await?;
     let uid = again.metadata.uid.clone().unwrap_or_default();
-    wait_drain_pod(&ns, "web-2", None).await?;
-    let drain = ns.api::<Pod>().get("web-2").await?;
+    let drain = wait_drain_pod(&ns, "web-2", None).await?;
     let recorded =
         &drain.metadata.annotations.unwrap_or_default()["statefulsets.kubernetes.io/drain-claims"];
     assert_eq!(recorded, &format!("{{\"data-web-2\":\"{uid}\"}}"));

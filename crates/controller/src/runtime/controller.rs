@@ -75,7 +75,7 @@ impl Context {
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         secondary: Secondary,
         known: Known,
-        replan: mpsc::UnboundedSender<(String, String)>,
+        wakes: Wakes,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -88,6 +88,10 @@ impl Context {
             retained,
             ..
         } = shared.clone();
+        let Wakes {
+            replan,
+            pods_changed,
+        } = wakes;
         Self {
             advanced,
             recorder: Recorder::new(client.clone(), reporter),
@@ -112,12 +116,20 @@ impl Context {
             ready,
             replan,
             background: tokio_util::task::TaskTracker::new(),
-            pods_changed: Arc::default(),
+            pods_changed,
             config,
             scope,
             client,
         }
     }
+}
+
+/// What wakes a scope's reconciles besides their watches: a write made in the background that
+/// failed (its set is planned again), and the changes of a set and its pods while its reconcile
+/// waits for creates ([`pods_gone`]).
+struct Wakes {
+    replan: mpsc::UnboundedSender<(String, String)>,
+    pods_changed: Arc<pods_gone::PodsChanged>,
 }
 
 /// What a scope knows of its sets beyond its caches: which concern us, and the names of all.
@@ -219,6 +231,7 @@ async fn run_scope(
         Secondary::watch(client, ns, &shared.metrics, &known.interest, order);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
+    let pods_changed: Arc<pods_gone::PodsChanged> = Arc::default();
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let (fills_tx, fills_rx) = mpsc::unbounded_channel();
     let (sets, set_stream) = set_watch::<StatefulSet>(
@@ -231,6 +244,7 @@ async fn run_scope(
             names: Arc::clone(&known.names),
             fills: fills_tx.clone(),
             listed: sets_listed_tx,
+            pods_changed: Arc::clone(&pods_changed),
         },
         flipped(drain_pods_listed_rx.clone()),
     );
@@ -250,7 +264,10 @@ async fn run_scope(
         Arc::clone(&advanced_sets),
         secondary,
         known,
-        replan_tx,
+        Wakes {
+            replan: replan_tx,
+            pods_changed,
+        },
     ));
 
     let (routes, set_triggers, advanced_triggers) = Routes::new(

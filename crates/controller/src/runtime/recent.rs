@@ -38,6 +38,14 @@ struct Kept<T> {
     value: T,
 }
 
+impl<T> Kept<T> {
+    /// Whether it is still read: a write for [`TTL`] after its answer; a pending one until it is
+    /// answered or failed (its writer always says which, or is dropped with the process).
+    fn live(&self) -> bool {
+        self.version == PENDING || self.at.elapsed() < TTL
+    }
+}
+
 struct State<T> {
     /// The highest resourceVersion the watch has delivered.
     seen: u64,
@@ -86,7 +94,7 @@ impl<T: Clone> Recent<T> {
             return;
         };
         let mut state = self.state.lock().expect("recent writes lock");
-        state.kept.retain(|_, k| k.at.elapsed() < TTL);
+        state.kept.retain(|_, k| k.live());
         let key = (namespace.to_owned(), name.to_owned());
         // The answer to a pending write takes its place, or, when the watch has passed it
         // already, drops it.
@@ -109,10 +117,11 @@ impl<T: Clone> Recent<T> {
 
     /// Keeps `value`, what our write of `namespace/name` will make of it, before the API server
     /// answered: read as newer than any cached version until [`Recent::wrote`] keeps the answer
-    /// or [`Recent::failed`] drops it (or [`TTL`] passes).
+    /// or [`Recent::failed`] drops it (however long the write takes: a create held by a slow
+    /// admission webhook still holds its drain slot).
     pub fn pending(&self, namespace: &str, name: &str, value: T) {
         let mut state = self.state.lock().expect("recent writes lock");
-        state.kept.retain(|_, k| k.at.elapsed() < TTL);
+        state.kept.retain(|_, k| k.live());
         state.kept.insert(
             (namespace.to_owned(), name.to_owned()),
             Kept {
@@ -138,7 +147,7 @@ impl<T: Clone> Recent<T> {
         let mut state = self.state.lock().expect("recent writes lock");
         let key = (namespace.to_owned(), name.to_owned());
         let kept = state.kept.get(&key)?;
-        if kept.version > cached && kept.at.elapsed() < TTL {
+        if kept.version > cached && kept.live() {
             return Some(kept.value.clone());
         }
         state.kept.remove(&key);
@@ -148,7 +157,7 @@ impl<T: Clone> Recent<T> {
     /// Our writes in `namespace` kept now, with their names and versions.
     pub fn in_namespace(&self, namespace: &str) -> Vec<(String, u64, T)> {
         let mut state = self.state.lock().expect("recent writes lock");
-        state.kept.retain(|_, k| k.at.elapsed() < TTL);
+        state.kept.retain(|_, k| k.live());
         state
             .kept
             .iter()

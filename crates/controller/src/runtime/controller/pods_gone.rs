@@ -7,10 +7,14 @@
 //! changes, plans again from the caches, and sends the creates of the ordinals it has not acted
 //! on yet, beside the ones in flight. A create in flight is shown to that plan as a Pending
 //! drain pod of ours (a pending write in `recent`), so the set's slots are counted right; the
-//! reconcile still holds its set, so no other reconcile of it sees one.
+//! reconcile still holds its set, so no other reconcile of it sees one. It plans from the set
+//! as it was when the reconcile began, so a change of the set that can change a plan (a scale,
+//! its settings, an opt-out: [`PodsChanged::set_changed`]) ends the planning again: the next
+//! reconcile, which that change triggers, plans from the set as it is.
 
 use std::collections::{BTreeSet, HashMap};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -35,7 +39,14 @@ use crate::set_kind::ServedSet;
 /// The sets whose reconcile waits for creates, each with what wakes it.
 #[derive(Default)]
 pub(super) struct PodsChanged {
-    waiting: Mutex<HashMap<SetKey, Arc<Notify>>>,
+    waiting: Mutex<HashMap<SetKey, Arc<Listener>>>,
+}
+
+/// What wakes one reconcile, and whether its set changed since it began.
+#[derive(Default)]
+struct Listener {
+    notify: Notify,
+    set_changed: AtomicBool,
 }
 
 impl PodsChanged {
@@ -43,23 +54,33 @@ impl PodsChanged {
     /// if it is not listening at this instant).
     pub(super) fn changed(&self, ns: &str, name: &str) {
         let waiting = self.waiting.lock().expect("pods changed lock");
-        if let Some(notify) = waiting.get(&(ns.to_owned(), name.to_owned())) {
-            notify.notify_one();
+        if let Some(listener) = waiting.get(&(ns.to_owned(), name.to_owned())) {
+            listener.notify.notify_one();
+        }
+    }
+
+    /// The set `name` in `ns` changed in what can change a plan (the set watch's fingerprint):
+    /// its reconcile waiting for creates plans no more.
+    pub(super) fn set_changed(&self, ns: &str, name: &str) {
+        let waiting = self.waiting.lock().expect("pods changed lock");
+        if let Some(listener) = waiting.get(&(ns.to_owned(), name.to_owned())) {
+            listener.set_changed.store(true, Ordering::SeqCst);
+            listener.notify.notify_one();
         }
     }
 
     /// Listens for the changes of the set's pods until the guard is dropped.
     fn listen(&self, ns: &str, name: &str) -> Listening<'_> {
         let key = (ns.to_owned(), name.to_owned());
-        let notify = Arc::new(Notify::new());
+        let listener = Arc::new(Listener::default());
         self.waiting
             .lock()
             .expect("pods changed lock")
-            .insert(key.clone(), Arc::clone(&notify));
+            .insert(key.clone(), Arc::clone(&listener));
         Listening {
             changes: self,
             key,
-            notify,
+            listener,
         }
     }
 }
@@ -68,7 +89,14 @@ impl PodsChanged {
 struct Listening<'a> {
     changes: &'a PodsChanged,
     key: SetKey,
-    notify: Arc<Notify>,
+    listener: Arc<Listener>,
+}
+
+impl Listening<'_> {
+    /// Whether its set changed since it began listening.
+    fn set_changed(&self) -> bool {
+        self.listener.set_changed.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Listening<'_> {
@@ -76,7 +104,7 @@ impl Drop for Listening<'_> {
         let mut waiting = self.changes.waiting.lock().expect("pods changed lock");
         if waiting
             .get(&self.key)
-            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+            .is_some_and(|l| Arc::ptr_eq(l, &self.listener))
         {
             waiting.remove(&self.key);
         }
@@ -122,6 +150,7 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
     let mut rounds: FuturesUnordered<Round<'_>> = FuturesUnordered::new();
     rounds.push(Box::pin(act::apply(cluster, act_ctx, actions)));
     let mut failed = Vec::new();
+    let mut replanning = true;
     loop {
         tokio::select! {
             biased;
@@ -129,7 +158,12 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
                 Some(f) => failed.extend(f),
                 None => break,
             },
-            () = listening.notify.notified() => {
+            () = listening.listener.notify.notified(), if replanning => {
+                if listening.set_changed() {
+                    info!("the set changed while creates were in flight; its next reconcile plans the rest");
+                    replanning = false;
+                    continue;
+                }
                 let new = creates_of_pods_gone::<K>(replan, &acted);
                 if new.is_empty() || !cluster_may_act(replan) {
                     continue;
@@ -155,14 +189,19 @@ fn cluster_may_act(replan: &Replan<'_>) -> bool {
 
 /// The creates a plan made now from the caches (with the creates in flight shown as Pending
 /// drain pods) asks for, of the ordinals not `acted` on yet and not held by a pod made by hand.
+/// None while the set's creates wait for their live reads ([`act::Cluster::confirm_first`]):
+/// a create is shown in flight only once it is sent, so one waiting for its read would not
+/// hold its slot.
 fn creates_of_pods_gone<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Vec<Action> {
     let ctx = replan.ctx;
+    let id = set_id(K::KIND, replan.set);
+    if ctx.memory.read(&id, |m| m.unconfirmed) {
+        return Vec::new();
+    }
     let mut snap = observe_set(ctx, K::KIND, replan.set, false);
     snap.reserved = replan.reserved.clone();
     snap.also_held = replan.also_held.clone();
-    let taken: BTreeSet<i32> = ctx.memory.read(&set_id(K::KIND, replan.set), |m| {
-        m.taken.keys().copied().collect()
-    });
+    let taken: BTreeSet<i32> = ctx.memory.read(&id, |m| m.taken.keys().copied().collect());
     plan::plan(&snap, replan.settings, Timestamp::now())
         .actions
         .into_iter()
@@ -180,12 +219,16 @@ mod tests {
         let changes = PodsChanged::default();
         changes.changed("ns", "web");
         let listening = changes.listen("ns", "web");
-        let woken = || futures::FutureExt::now_or_never(listening.notify.notified()).is_some();
+        let woken =
+            || futures::FutureExt::now_or_never(listening.listener.notify.notified()).is_some();
         assert!(!woken(), "a change before it listened is not kept");
         changes.changed("ns", "other");
         assert!(!woken(), "another set's change");
         changes.changed("ns", "web");
         assert!(woken(), "a change while it listens, kept until it looks");
+        assert!(!listening.set_changed());
+        changes.set_changed("ns", "web");
+        assert!(woken() && listening.set_changed(), "its set changed");
         drop(listening);
         assert!(
             changes.waiting.lock().unwrap().is_empty(),

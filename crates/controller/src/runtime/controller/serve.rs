@@ -134,6 +134,7 @@ pub(super) async fn serve_advanced(
             names: Arc::clone(&ctx.advanced_names),
             fills: fills_tx,
             listed: tokio::sync::watch::channel(false).0,
+            pods_changed: Arc::clone(&ctx.pods_changed),
         },
         // Like the built-in sets: judged once the drain pods are known.
         super::watches::flipped(drain_pods_listed),

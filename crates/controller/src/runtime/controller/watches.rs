@@ -497,6 +497,9 @@ pub(super) struct SetWatch {
     pub(super) fills: mpsc::UnboundedSender<SetKey>,
     /// Flipped once the sets are listed.
     pub(super) listed: tokio::sync::watch::Sender<bool>,
+    /// Told of each change of a set that can change a plan (a reconcile waiting for creates
+    /// then plans no more: [`super::pods_gone`]).
+    pub(super) pods_changed: Arc<PodsChanged>,
 }
 
 /// Of the events of one kind of set's watch, those of the sets that concern us (opted in, with
@@ -591,6 +594,7 @@ pub(super) fn set_watch<K: ServedSet>(
         names,
         fills,
         listed,
+        pods_changed,
     } = shared;
     let (sets, writer) = reflector::store();
     let mut concerning = Concerning {
@@ -624,6 +628,9 @@ pub(super) fn set_watch<K: ServedSet>(
             index: None,
         },
     )
+    .inspect_ok(move |s| {
+        pods_changed.set_changed(&s.namespace().unwrap_or_default(), &s.name_any())
+    })
     .try_filter(move |s| {
         let draining = !in_flight
             .names(&s.namespace().unwrap_or_default(), &s.name_any())
