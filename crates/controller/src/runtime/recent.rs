@@ -90,15 +90,18 @@ impl<T: Clone> Recent<T> {
     /// Keeps `value`, what the API server answered to our write of `namespace/name` at
     /// `resource_version` (a version that is not an integer is not kept).
     pub fn wrote(&self, namespace: &str, name: &str, resource_version: Option<&str>, value: T) {
-        let Some(version) = version(resource_version) else {
-            return;
-        };
         let mut state = self.state.lock().expect("recent writes lock");
         state.kept.retain(|_, k| k.live());
         let key = (namespace.to_owned(), name.to_owned());
         // The answer to a pending write takes its place, or, when the watch has passed it
-        // already, drops it.
+        // already or its version cannot be kept, drops it.
         let pending = state.kept.get(&key).is_some_and(|k| k.version == PENDING);
+        let Some(version) = version(resource_version) else {
+            if pending {
+                state.kept.remove(&key);
+            }
+            return;
+        };
         let newer = pending || state.kept.get(&key).is_none_or(|k| k.version < version);
         if pending && version <= state.seen {
             state.kept.remove(&key);
@@ -333,6 +336,14 @@ mod tests {
             r.newer_than("ns", "d", 0),
             None,
             "an answer the watch passed already drops the pending write"
+        );
+
+        r.pending("ns", "e", "pending");
+        r.wrote("ns", "e", Some("opaque"), "answered");
+        assert_eq!(
+            r.newer_than("ns", "e", 0),
+            None,
+            "an answer whose version cannot be kept drops the pending write too"
         );
 
         r.pending("ns", "b", "pending");
