@@ -1,6 +1,6 @@
-//! kube-runtime wiring: the watches (narrowed by label selectors, metadata-only where the full
+//! The wiring: the watches (narrowed by label selectors, metadata-only where the full
 //! object is not needed, slimmed before they are cached), the mappers from pods and claims to
-//! their StatefulSet, the reconcile pipeline, the error policy, and the cluster seam's real
+//! their StatefulSet, the work queue of each kind of set, the reconcile pipeline, the error policy, and the cluster seam's real
 //! implementation.
 
 use std::sync::{Arc, OnceLock};
@@ -35,6 +35,7 @@ mod fill;
 mod kinds;
 mod memory;
 mod pods_gone;
+mod queue;
 mod reconcile;
 mod serve;
 mod snapshot;

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::runtime::controller::Action as Requeue;
 use tracing::warn;
 
 use super::context::{Context, Error};
+use super::queue::Requeue;
 
 use super::memory::Failures;
 use crate::plan;
@@ -37,7 +37,7 @@ pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Cont
         })
         .inc();
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
-    Requeue::requeue(delay)
+    Requeue::after(delay)
 }
 
 /// The count and the delay after a reconcile failed at `now`: the backoff (1 s doubling to

@@ -216,10 +216,9 @@ pub fn opted_in(set: &StatefulSet) -> bool {
 /// How the controller stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
-    /// No reconcile was left running: kube-runtime's graceful shutdown ended, or the sets or
-    /// the other caches had not synced, so no reconcile had got past its wait for them and none
-    /// had acted. (kube-runtime holds its runner until the sets are listed and stops polling
-    /// their watch once a shutdown begins, so its graceful shutdown would never end then.)
+    /// No reconcile was left running: the reconciles in progress when the stop began ended
+    /// (the work queue starts none after it), or the sets or the other caches had not synced,
+    /// so no reconcile had got past its wait for them and none had acted.
     Clean,
     /// The stop's grace ([`ControllerConfig::stop_grace`], 20 s by default: inside
     /// Kubernetes' default 30 s grace period) passed with reconciles still running, and they

@@ -1,6 +1,6 @@
 //! Acting on the pods that go while a set's reconcile has creates in flight.
 //!
-//! A set's reconciles run one at a time (kube-runtime), and a scale-down's pods go one after
+//! A set's reconciles run one at a time (`queue`), and a scale-down's pods go one after
 //! another, tens of milliseconds apart: without this, a pod that goes while its set's reconcile
 //! waits for a drain pod's create waits for that create, then for its own. So while a
 //! reconcile's creates are in flight it is woken ([`PodsChanged`]) when a pod of its set

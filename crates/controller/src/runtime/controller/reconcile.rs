@@ -9,7 +9,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
-use kube::runtime::controller::Action as Requeue;
 use tracing::Instrument;
 use tracing::{debug, error, info, info_span, warn};
 
@@ -17,6 +16,7 @@ use super::cluster::{KubeCluster, publish};
 use super::context::{Context, Error, opted_in, set_reference};
 use super::memory::set_id;
 use super::pods_gone::{Replan, act_while_pods_go};
+use super::queue::Requeue;
 use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
 
 use crate::act::{ActCtx, ActError, EventSpec, Severity};
@@ -48,6 +48,7 @@ pub(super) async fn reconcile<K: ServedSet>(
     let span =
         info_span!("reconcile", statefulset = %name, namespace = %ns, kind = K::KIND.label());
     async move {
+        debug!("reconcile started");
         let (set, set_ref, range, withdrawals_left) = match admit(&ctx, &*obj, set).await? {
             Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left),
             Err(requeue) => return Ok(requeue),
@@ -176,7 +177,7 @@ pub(super) async fn admit<K: ServedSet>(
         // planned once they are in (`fill` triggers it), not from a partial picture. Looked at
         // again meanwhile, should that trigger find the set not cached yet.
         debug!("pods and claims not cached yet; planned once they are listed");
-        return Ok(Err(Requeue::requeue(Duration::from_secs(2))));
+        return Ok(Err(Requeue::after(Duration::from_secs(2))));
     }
     // Before anything that may end the reconcile early (a name clash among them).
     let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set)).await;
@@ -199,7 +200,7 @@ pub(super) async fn admit<K: ServedSet>(
             note,
             None,
         );
-        return Ok(Err(Requeue::requeue(
+        return Ok(Err(Requeue::after(
             Duration::from_secs(30).min(ctx.config.resync),
         )));
     }
@@ -388,7 +389,7 @@ pub(super) fn settle<K: ServedSet>(
     if !acted.terminating.is_empty() {
         return Ok(Requeue::await_change());
     }
-    Ok(Requeue::requeue(next_requeue(
+    Ok(Requeue::after(next_requeue(
         ctx,
         kind,
         set,
@@ -474,7 +475,7 @@ pub(super) async fn dry_run<K: ServedSet>(
     // Marked only where there is something to report.
     status.dry_run = status != StatusReport::default();
     ctx.status.submit(K::KIND, set, rendered(&status));
-    Ok(Requeue::requeue(
+    Ok(Requeue::after(
         plan.requeue_after
             .unwrap_or(ctx.config.resync)
             .min(ctx.config.resync),

@@ -1,4 +1,4 @@
-//! Serving one kind of set: kube-runtime's controller over its watch, with the stop's grace
+//! Serving one kind of set: the work queue ([`queue`]) over its watch and triggers, with the stop's grace
 //! ([`Stopped`]), and OpenKruise's kind served once it is discovered.
 
 use std::sync::{Arc, OnceLock};
@@ -7,7 +7,6 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Client;
-use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
@@ -16,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::backoff::error_policy;
 use super::context::{Context, Stopped};
 use super::kinds::wait_for_advanced;
+use super::queue;
 use super::reconcile::reconcile;
 use super::watches::{SetWatch, set_watch};
 
@@ -61,22 +61,50 @@ pub(super) async fn serve<K: ServedSet>(
             Stopped::DroppedReconciles
         }
     };
-    let run = Controller::for_stream(stream, sets)
-        .reconcile_all_on(gained)
-        .reconcile_on(tokio_stream_from(triggers))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile::<K>, error_policy::<K>, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((set, _)) => debug!(set = %set, "reconciled"),
-                // The watch of the sets failed (an RBAC denial, an object that does not parse):
-                // retried with backoff, and said, or the kind would go unserved in silence.
-                Err(kube::runtime::controller::Error::QueueError(e)) => {
-                    warn!(kind = K::KIND.label(), error = %e, "watching the sets failed; retrying");
-                }
-                Err(e) => debug!(error = %e, "reconcile failed"),
+    // What asks for a set's reconcile: a change of the set itself (its watch), a trigger (its
+    // pods, drain pods and claims), and every cached set when this replica gains leadership.
+    let changed = stream.filter_map(|set| {
+        std::future::ready(match set {
+            Ok(set) => Some(ObjectRef::from_obj(&set)),
+            // The watch of the sets failed (an RBAC denial, an object that does not parse):
+            // retried with backoff, and said, or the kind would go unserved in silence.
+            Err(e) => {
+                warn!(kind = K::KIND.label(), error = %e, "watching the sets failed; retrying");
+                None
             }
-        });
+        })
+    });
+    let every = {
+        let sets = sets.clone();
+        gained.flat_map(move |()| {
+            futures::stream::iter(
+                sets.state()
+                    .iter()
+                    .map(|s| ObjectRef::from_obj(&**s))
+                    .collect::<Vec<_>>(),
+            )
+        })
+    };
+    let requests = futures::stream::select(
+        futures::stream::select(changed, tokio_stream_from(triggers)),
+        every,
+    );
+    let reconciler = {
+        let ctx = Arc::clone(&ctx);
+        move |set: Arc<K>| {
+            let ctx = Arc::clone(&ctx);
+            async move {
+                match reconcile::<K>(Arc::clone(&set), Arc::clone(&ctx)).await {
+                    Ok(requeue) => requeue,
+                    Err(e) => {
+                        debug!(error = %e, "reconcile failed");
+                        error_policy(set, &e, ctx)
+                    }
+                }
+            }
+        }
+    };
+    let run = queue::run(sets, requests, reconciler, shutdown);
     tokio::select! {
         () = run => Stopped::Clean,
         stopped = halt => stopped,

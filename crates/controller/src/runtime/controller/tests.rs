@@ -598,7 +598,7 @@ fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
 
 #[test]
 fn a_stop_waits_for_reconciles_only_once_the_sets_and_caches_have_synced() {
-    // Before both have synced, every reconcile is held by kube-runtime (sets not listed) or
+    // Before both have synced, every reconcile is held by the work queue (sets not listed) or
     // waits in `Context::wait_ready` (caches not synced): none has acted.
     assert!(halt_at_once(false, false));
     assert!(halt_at_once(false, true));

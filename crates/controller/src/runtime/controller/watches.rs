@@ -43,7 +43,7 @@ pub(super) struct Caches {
 
 /// Flips `ready` once the built-in StatefulSets have been listed and every secondary cache has
 /// synced. The drain pod store gets exactly one waiter, this task: `Store::wait_until_ready`
-/// wakes only one of several concurrent waiters, and the kube-runtime controller waits on the
+/// wakes only one of several concurrent waiters, and the work queue (`queue::run`) waits on the
 /// StatefulSet store, so the sets' listing is seen through their watch's events instead.
 /// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness. `scope` is the
 /// namespace the caches hold (`None`: all), for the log.
@@ -227,6 +227,7 @@ impl Routes {
             match SetKind::of_api_version(&o.api_version) {
                 Some(SetKind::StatefulSet) => {
                     if let Some(r) = opted_in_ref(&self.sets, &o.name, &ns) {
+                        debug!(pod = ?pod.metadata.name, statefulset = %o.name, "stateful pod changed: its set triggered");
                         let _ = self.to_sets.send(r);
                     }
                 }
@@ -266,6 +267,7 @@ impl Routes {
         let Some(set) = pod.labels().get(labels::DRAIN_POD) else {
             return;
         };
+        debug!(pod = ?pod.metadata.name, statefulset = %set, "drain pod changed: its set triggered");
         if let Some(r) = any_set_ref(&self.sets, set, &ns) {
             let _ = self.to_sets.send(r);
         }
