@@ -54,7 +54,9 @@ impl Floor {
                         let pod = drain_pod(&template, &set, &p.name_any(), &claim);
                         let api = pods.clone();
                         tokio::spawn(async move {
+                            let sent = std::time::Instant::now();
                             let _ = api.create(&PostParams::default(), &pod).await;
+                            super::trace_took("floor-create", &pod.name_any(), sent);
                         });
                     }
                     watcher::Event::Apply(p) if is_ours(&p, &set) && super::finished(&p) => {
@@ -65,7 +67,9 @@ impl Floor {
                         let (pods, claims) = (pods.clone(), claims.clone());
                         let (claim, cleaning) = (format!("{claim}-{name}"), Arc::clone(&cleaning));
                         tokio::spawn(async move {
+                            let sent = std::time::Instant::now();
                             let _ = claims.delete(&claim, &DeleteParams::default()).await;
+                            super::trace_took("floor-delete", &claim, sent);
                             let _ = pods
                                 .delete(&name, &DeleteParams::default().grace_period(0))
                                 .await;

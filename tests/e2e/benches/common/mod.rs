@@ -88,7 +88,18 @@ fn trace(what: &str, name: &str) {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        eprintln!("trace {:.3} {what} {name}", at.as_secs_f64());
+        eprintln!("trace {:.6} {what} {name}", at.as_secs_f64());
+    }
+}
+
+/// With `STSD_BENCH_TRACE` set, prints when a request of this program about `name`, sent at
+/// `sent`, was answered and how long it took.
+fn trace_took(what: &str, name: &str, sent: std::time::Instant) {
+    if std::env::var_os("STSD_BENCH_TRACE").is_some() {
+        trace(
+            &format!("{what} took={:.3}ms", sent.elapsed().as_secs_f64() * 1e3),
+            name,
+        );
     }
 }
 
@@ -109,6 +120,7 @@ fn record_pod(seen: &mut Seen, event: watcher::Event<Pod>, at: Instant) {
                     trace("created", &name);
                 }
                 if finished(&p) && !seen.drain_succeeded.contains_key(&name) {
+                    trace("finished", &name);
                     seen.drain_succeeded.insert(name, at);
                 }
             }
@@ -147,6 +159,7 @@ fn record_claim(seen: &mut Seen, event: watcher::Event<PersistentVolumeClaim>, a
     if seen.claim_deleting.contains_key(&name) {
         return;
     }
+    trace("deleting", &name);
     seen.claim_deleting.insert(name.clone(), at);
     // data-web-<o> → web-<o>
     let pod = name.trim_start_matches("data-");
