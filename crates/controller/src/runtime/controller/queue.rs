@@ -12,7 +12,11 @@
 //!   ends, and the requeue of the one that ended is then dropped (the next one asks its own);
 //! - a request due earlier replaces a requeue due later;
 //! - a set gone from the cache is not reconciled (nor requeued);
-//! - a stop starts nothing new and ends once the reconciles in progress have ended.
+//! - a stop starts nothing new and ends once the reconciles in progress have ended, or, when
+//!   its caller gives up on them, once they have been aborted and have ended (so none acts
+//!   after `run` returned);
+//! - a requeue is due at most [`LONGEST_REQUEUE`] ahead (kube-rs#1772: a timer further away
+//!   panics).
 //!
 //! Reconciles run as tasks of their own, so a long one holds up neither the queue nor others.
 
@@ -107,8 +111,9 @@ impl<T: Clone + Eq + Hash> Ledger<T> {
         }
     }
 
-    /// Due at `at`, unless due sooner already.
+    /// Due at `at` (at most [`LONGEST_REQUEUE`] ahead), unless due sooner already.
     fn set_timer(&mut self, key: &T, at: Instant) {
+        let at = at.min(Instant::now() + LONGEST_REQUEUE);
         match self.due.get_mut(key) {
             Some((_, sooner)) if *sooner <= at => {}
             Some((timer, when)) => {
@@ -157,15 +162,22 @@ where
 /// How long a set waits after its reconcile panicked (a bug: logged as an error).
 const AFTER_PANIC: Duration = Duration::from_secs(5);
 
+/// The furthest ahead a requeue is due (as kube-runtime's: `DelayQueue` panics on a deadline
+/// more than about two years ahead).
+pub(super) const LONGEST_REQUEUE: Duration = Duration::from_secs(180 * 24 * 3600);
+
 /// Runs the reconciles of the sets in `sets` that `requests` ask for (and that their
 /// reconciles ask for again), as the module says, until `stop` resolves or `requests` ends,
-/// and then until the reconciles in progress have ended.
-pub(super) async fn run<K>(
+/// and then until the reconciles in progress have ended: `None`. If `abandon` resolves first,
+/// they are aborted, and once they have ended: `Some` of what it resolved to.
+pub(super) async fn run<K, T>(
     sets: Store<K>,
     requests: impl Stream<Item = ObjectRef<K>> + Send,
     reconciler: impl Reconciler<K>,
     stop: impl Future<Output = ()> + Send,
-) where
+    abandon: impl Future<Output = T> + Send,
+) -> Option<T>
+where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
@@ -176,6 +188,7 @@ pub(super) async fn run<K>(
     let mut early: HashSet<ObjectRef<K>> = HashSet::new();
     let mut listed = false;
     let mut stopping = false;
+    let mut abandoned = None;
 
     let start = |key: ObjectRef<K>,
                  ledger: &mut Ledger<ObjectRef<K>>,
@@ -199,15 +212,23 @@ pub(super) async fn run<K>(
     let ready = sets.wait_until_ready();
     tokio::pin!(ready);
     tokio::pin!(stop);
+    tokio::pin!(abandon);
     loop {
         if stopping && tasks.is_empty() {
-            return;
+            return abandoned;
         }
         tokio::select! {
             () = &mut stop, if !stopping => {
                 stopping = true;
                 early.clear();
                 ledger.stop();
+            }
+            given_up = &mut abandon, if abandoned.is_none() => {
+                abandoned = Some(given_up);
+                stopping = true;
+                early.clear();
+                ledger.stop();
+                tasks.abort_all();
             }
             result = &mut ready, if !listed => {
                 listed = true;
@@ -247,6 +268,7 @@ pub(super) async fn run<K>(
                 let (id, requeue) = match joined {
                     Ok((id, requeue)) => (id, requeue),
                     Err(e) => {
+                        // (Cancelled: abandoned at a stop.)
                         if e.is_panic() {
                             error!(error = %e, "a reconcile panicked; the set is reconciled again in 5 s");
                         }
@@ -326,6 +348,19 @@ mod tests {
         l.set_timer(&"a", secs(1));
         assert_eq!(l.due[&"a"].1, secs(1), "a sooner one brings it forward");
         assert_eq!(l.timers.len(), 1, "one timer per key");
+    }
+
+    #[tokio::test]
+    async fn a_requeue_years_ahead_is_due_at_most_the_longest_ahead() {
+        let mut l = Ledger::default();
+        assert!(l.request(&"a"));
+        let now = Instant::now();
+        assert!(!l.ended(
+            &"a",
+            Requeue::after(Duration::from_secs(3 * 365 * 86_400)),
+            now
+        ));
+        assert!(l.due[&"a"].1 <= Instant::now() + LONGEST_REQUEUE);
     }
 
     #[tokio::test]
@@ -420,7 +455,8 @@ mod tests {
             writer: Writer<ConfigMap>,
             tx: mpsc::UnboundedSender<ObjectRef<ConfigMap>>,
             stop: Option<oneshot::Sender<()>>,
-            done: tokio::task::JoinHandle<()>,
+            abandon: Option<oneshot::Sender<()>>,
+            done: tokio::task::JoinHandle<Option<&'static str>>,
         }
 
         fn harness(probe: &Probe) -> Harness {
@@ -428,6 +464,7 @@ mod tests {
             let sets = writer.as_reader();
             let (tx, rx) = mpsc::unbounded_channel();
             let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            let (abandon_tx, abandon_rx) = oneshot::channel::<()>();
             let done = tokio::spawn(run(
                 sets,
                 tokio_stream_from(rx),
@@ -435,11 +472,18 @@ mod tests {
                 async move {
                     let _ = stop_rx.await;
                 },
+                async move {
+                    if abandon_rx.await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    "abandoned"
+                },
             ));
             Harness {
                 writer,
                 tx,
                 stop: Some(stop_tx),
+                abandon: Some(abandon_tx),
                 done,
             }
         }
@@ -569,7 +613,32 @@ mod tests {
             probe.release(Requeue::after(Duration::from_secs(1)));
             settle().await;
             assert!(h.done.is_finished(), "ends once it ended");
+            assert_eq!(h.done.await.unwrap(), None, "none abandoned");
             assert_eq!(probe.names(), ["a"], "nothing started after the stop began");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn reconciles_given_up_on_are_aborted_and_have_ended_when_it_returns() {
+            let probe = Probe::holding();
+            let mut h = harness(&probe);
+            list(&mut h, &["a", "b"]);
+            h.tx.send(key("a")).unwrap();
+            h.tx.send(key("b")).unwrap();
+            settle().await;
+            let _ = h.stop.take().unwrap().send(());
+            settle().await;
+            assert!(
+                !h.done.is_finished(),
+                "waits for the reconciles in progress"
+            );
+            let _ = h.abandon.take().unwrap().send(());
+            settle().await;
+            assert!(h.done.is_finished(), "aborted, without their release");
+            assert_eq!(h.done.await.unwrap(), Some("abandoned"));
+            assert!(
+                probe.holds.lock().unwrap().iter().all(|tx| tx.is_closed()),
+                "both reconciles were dropped, not left running"
+            );
         }
 
         #[tokio::test(start_paused = true)]
@@ -599,6 +668,7 @@ mod tests {
                 tokio_stream_from(rx),
                 reconciler,
                 std::future::pending(),
+                std::future::pending::<()>(),
             ));
             writer.apply_watcher_event(&Event::Init);
             writer.apply_watcher_event(&Event::InitApply(cm("boom")));

@@ -38,27 +38,21 @@ pub(super) async fn serve<K: ServedSet>(
 ) -> Stopped {
     let gained = ctx.config.leadership.gained();
     let grace = ctx.config.stop_grace;
-    let halt = {
+    // When the reconciles still running after a stop are dropped: at once if the sets or the
+    // caches had not synced (none can have got past its wait for them), else at the end of the
+    // stop's grace. Whether it was at once.
+    let abandon = {
         let (sets, ctx, stop) = (sets.clone(), Arc::clone(&ctx), shutdown.clone());
         async move {
             stop.await;
             // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
-            // controller is dropped right away, so the runner's waker is not needed any more.
+            // reconciles are dropped right away, so the queue's waker is not needed any more.
             let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
-            if halt_at_once(listed, *ctx.ready.borrow()) {
-                info!(
-                    kind = K::KIND.label(),
-                    "stopped before the sets and caches had synced; no reconcile had started"
-                );
-                return Stopped::Clean;
+            let at_once = halt_at_once(listed, *ctx.ready.borrow());
+            if !at_once {
+                tokio::time::sleep(grace).await;
             }
-            tokio::time::sleep(grace).await;
-            warn!(
-                kind = K::KIND.label(),
-                grace = ?grace,
-                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
-            );
-            Stopped::DroppedReconciles
+            at_once
         }
     };
     // What asks for a set's reconcile: a change of the set itself (its watch), a trigger (its
@@ -104,10 +98,25 @@ pub(super) async fn serve<K: ServedSet>(
             }
         }
     };
-    let run = queue::run(sets, requests, reconciler, shutdown);
-    tokio::select! {
-        () = run => Stopped::Clean,
-        stopped = halt => stopped,
+    match queue::run(sets, requests, reconciler, shutdown, abandon).await {
+        None => Stopped::Clean,
+        // Dropped, and ended, before the caches synced: none had got past its wait for them.
+        Some(true) if !*ctx.ready.borrow() => {
+            info!(
+                kind = K::KIND.label(),
+                "stopped before the sets and caches had synced; no reconcile had started"
+            );
+            Stopped::Clean
+        }
+        Some(at_once) => {
+            warn!(
+                kind = K::KIND.label(),
+                grace = ?grace,
+                at_once,
+                "reconciles still running at the stop were dropped (the next leader resumes them)"
+            );
+            Stopped::DroppedReconciles
+        }
     }
 }
 
