@@ -1,8 +1,9 @@
-//! The runtime: everything that runs the pipeline rather than decides it. The kube-runtime
-//! wiring and the per-set reconcile ([`controller`]), the watches' change filters and indexes
+//! The runtime: everything that runs the pipeline rather than decides it. The watches, the
+//! work queue and the per-set reconcile ([`controller`]), the watches' change filters and indexes
 //! ([`watch`], [`meta_cache`]), our recent writes ([`recent`]), the status writer and its memo
 //! ([`status_writer`], [`status_memo`]), leader election ([`leader`]), the admin server and
-//! metrics ([`admin`], [`metrics`]), and the sweep of retained volumes ([`sweep`]).
+//! metrics ([`admin`], [`metrics`]), the sweep of retained volumes ([`sweep`]), and the urgent
+//! writes the others wait for ([`urgency`]).
 
 pub mod admin;
 pub mod controller;
@@ -14,4 +15,5 @@ pub mod recent;
 pub mod status_memo;
 pub mod status_writer;
 pub mod sweep;
+pub mod urgency;
 pub mod watch;

@@ -15,8 +15,9 @@ use tracing::{info, warn};
 
 use crate::runtime::metrics::Metrics;
 use crate::runtime::status_writer::StatusWriter;
+use crate::runtime::urgency::Urgency;
 use crate::set_kind::AdvancedStatefulSet;
-use cluster::status_patcher;
+use cluster::{Events, status_patcher};
 use kinds::tell_kruise;
 use memory::Memory;
 use serve::{Discovery, discover_advanced, serve, serve_advanced};
@@ -64,6 +65,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     retained: Arc<Notify>,
     discovery: Discovery,
+    /// Urgent writes in flight, which the others wait for.
+    urgency: Arc<Urgency>,
 }
 
 impl Context {
@@ -87,6 +90,7 @@ impl Context {
             config,
             metrics,
             retained,
+            urgency,
             ..
         } = shared.clone();
         let Wakes {
@@ -95,7 +99,10 @@ impl Context {
         } = wakes;
         Self {
             advanced,
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events {
+                recorder: Recorder::new(client.clone(), reporter),
+                urgency: Arc::clone(&urgency),
+            },
             stateful_pods: secondary.stateful_pods,
             drain_pods: secondary.drain_pods,
             claims: secondary.claims,
@@ -111,6 +118,7 @@ impl Context {
                 config.leadership.clone(),
                 Arc::clone(&metrics),
                 (config.flags.retry_base, config.flags.retry_max),
+                Arc::clone(&urgency),
             ),
             retained,
             metrics,
@@ -121,6 +129,7 @@ impl Context {
             config,
             scope,
             client,
+            urgency,
         }
     }
 }
@@ -170,6 +179,7 @@ pub async fn run(
         metrics: telemetry.metrics,
         retained: Arc::default(),
         config,
+        urgency: Arc::default(),
     };
     let sweep = tokio::spawn(crate::runtime::sweep::sweep(
         shared.client.clone(),

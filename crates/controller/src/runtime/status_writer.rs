@@ -24,6 +24,7 @@ use crate::plan;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::{Metrics, ReasonLabels};
 use crate::runtime::status_memo::StatusMemo;
+use crate::runtime::urgency::Urgency;
 use crate::set_kind::SetKind;
 
 /// The set a status is written on.
@@ -83,15 +84,19 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// The first and the longest delay before a failed write is tried again.
     retry: (Duration, Duration),
+    /// Urgent writes in flight: a status waits for them (a status wanted meanwhile replaces it).
+    urgency: Arc<Urgency>,
 }
 
 impl StatusWriter {
-    /// A writer that writes with `patch`, while `leadership` says this replica may act.
+    /// A writer that writes with `patch`, while `leadership` says this replica may act, each
+    /// write after the urgent ones in flight (`urgency`).
     pub fn new(
         patch: Patcher,
         leadership: Leadership,
         metrics: Arc<Metrics>,
         retry: (Duration, Duration),
+        urgency: Arc<Urgency>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -101,6 +106,7 @@ impl StatusWriter {
                 leadership,
                 metrics,
                 retry,
+                urgency,
             }),
         }
     }
@@ -173,6 +179,8 @@ impl Inner {
         // Failed tries of the status last tried (a newer status starts at the first delay).
         let mut failures: (u64, u32) = (0, 0);
         loop {
+            // After the urgent writes in flight; a status wanted meanwhile is the one written.
+            self.urgency.after_urgent().await;
             let (job, wake) = {
                 let mut slots = self.slots.lock().expect("status writer lock");
                 let slot = slots.get_mut(&key);
@@ -302,6 +310,7 @@ mod tests {
             Leadership::always(),
             Arc::default(),
             (Duration::from_millis(5), Duration::from_millis(20)),
+            Arc::default(),
         );
         (w, Fake { seen, gate })
     }
@@ -336,6 +345,30 @@ mod tests {
         assert!(fake.seen.try_recv().is_err(), "\"b\" is never written");
         assert_eq!(status(&w.overlay(&set("150", None)).unwrap()), Some("c"));
         assert!(w.overlay(&set("999", Some("c"))).is_none(), "caught up");
+    }
+
+    #[tokio::test]
+    async fn a_status_waits_for_the_urgent_writes_in_flight_and_the_newest_is_written() {
+        let (w, mut fake) = writer(vec![]);
+        let cached = set("100", None);
+        let urgent = w.inner.urgency.urgent();
+        w.submit(SetKind::StatefulSet, &cached, Some("a".into()));
+        w.submit(SetKind::StatefulSet, &cached, Some("b".into()));
+        fake.gate.add_permits(10);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            fake.seen.try_recv().is_err(),
+            "held back by the create in flight"
+        );
+        assert_eq!(
+            status(&w.overlay(&cached).unwrap()),
+            Some("b"),
+            "shown meanwhile"
+        );
+        drop(urgent);
+        assert_eq!(fake.seen.recv().await, Some(Some("b".into())));
+        idle(&w).await;
+        assert!(fake.seen.try_recv().is_err(), "\"a\" is never written");
     }
 
     #[tokio::test]
@@ -400,6 +433,7 @@ mod tests {
                 patch: Arc::clone(&w.inner.patch),
                 leadership: Leadership::always(),
                 metrics: Arc::default(),
+                urgency: Arc::default(),
             }),
         };
         fake.gate.add_permits(10);
@@ -436,6 +470,7 @@ mod tests {
             standby,
             Arc::default(),
             (Duration::from_millis(5), Duration::from_millis(20)),
+            Arc::default(),
         );
         w.submit(SetKind::StatefulSet, &set("100", None), Some("a".into()));
         idle(&w).await;

@@ -33,6 +33,7 @@ use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recent::{self, Recent};
 use crate::runtime::status_writer::{Patcher, Target};
+use crate::runtime::urgency::Urgency;
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -44,7 +45,7 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) twin: Option<Twin>,
     pub(super) pods: Api<Pod>,
     pub(super) claims: Api<PersistentVolumeClaim>,
-    pub(super) recorder: &'a Recorder,
+    pub(super) events: &'a Events,
     /// Where our writes of drain pods and claims are kept until their watches deliver them.
     pub(super) recent: &'a Recents,
     pub(super) set: ObjectReference,
@@ -77,7 +78,7 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             twin: ctx.twin_api(K::KIND, &ns),
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
-            recorder: &ctx.recorder,
+            events: &ctx.events,
             recent: &ctx.recent,
             set: set_ref,
             metrics: &ctx.metrics,
@@ -208,9 +209,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         // dropped itself; replaced by the answer.
         let ns = self.set.namespace.clone().unwrap_or_default();
         let _in_flight = InFlight::new(&self.recent.pods, &ns, pod);
+        let _urgent = self.ctx.urgency.urgent();
         let sent = std::time::Instant::now();
         let result = self.pods.create(&pp, pod).await;
-        debug!(took = ?sent.elapsed(), "drain pod create answered");
+        debug!(pod = ?pod.metadata.name, took = ?sent.elapsed(), "drain pod create answered");
         self.metrics.request("create", "pods", &result);
         match result {
             Ok(mut p) => {
@@ -308,7 +310,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
         let ns = self.set.namespace.as_deref().unwrap_or_default();
         let _in_order = self.recent.claim_gates.enter(ns, name).await;
+        let _urgent = self.ctx.urgency.urgent();
+        let sent = std::time::Instant::now();
         let result = self.claims.delete(name, &preconditioned(uid, None)).await;
+        debug!(claim = %name, took = ?sent.elapsed(), "claim delete answered");
         self.metrics
             .request("delete", "persistentvolumeclaims", &result);
         ok_if_gone(result.map(|_| ()))
@@ -402,7 +407,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             },
         };
         publish(
-            self.recorder,
+            self.events,
             &reference,
             event.severity,
             event.reason,
@@ -491,6 +496,9 @@ impl Record {
         let ns = self.set.namespace.clone().unwrap_or_default();
         let set_name = self.set.name.clone().unwrap_or_default();
         let ctx = &self.ctx;
+        // After the urgent writes in flight (the next pods' creates of a scale-down): the
+        // reconciles read this record as written meanwhile.
+        ctx.urgency.after_urgent().await;
         for (i, c) in self.claims.iter().enumerate() {
             let stop = if ctx.config.leadership.is_leading() {
                 let patched = patch_claim(
@@ -516,7 +524,7 @@ impl Record {
                         };
                         warn!(ordinal = self.ordinal, error = %e.describe(), "failed to record the new drain pod on its claims; the set's next reconcile records it again");
                         publish(
-                            &ctx.recorder,
+                            &ctx.events,
                             &self.set,
                             Severity::Warning,
                             e.reason(),
@@ -544,10 +552,18 @@ impl Record {
     }
 }
 
-/// Publishes an Event in the background: reporting never delays the drain actions of the
-/// reconcile (each Event is one or two API calls); a failure is only logged.
+/// What Events are published with: the recorder, and the urgent writes they wait for.
+#[derive(Clone)]
+pub(super) struct Events {
+    pub(super) recorder: Recorder,
+    pub(super) urgency: Arc<Urgency>,
+}
+
+/// Publishes an Event in the background, after the urgent writes in flight ([`Urgency`]):
+/// reporting never delays the drain actions of the reconcile (each Event is one or two API
+/// calls); a failure is only logged.
 pub(super) fn publish(
-    recorder: &Recorder,
+    events: &Events,
     reference: &ObjectReference,
     severity: Severity,
     reason: &str,
@@ -565,9 +581,10 @@ pub(super) fn publish(
         action: ordinal.map_or_else(|| "Drain".to_owned(), |o| format!("Drain-ordinal-{o}")),
         secondary: None,
     };
-    let (recorder, reference) = (recorder.clone(), reference.clone());
+    let (events, reference) = (events.clone(), reference.clone());
     tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&ev, &reference).await {
+        events.urgency.after_urgent().await;
+        if let Err(e) = events.recorder.publish(&ev, &reference).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
     });

@@ -8,7 +8,6 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Client;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
 use super::memory::Memory;
@@ -98,7 +97,9 @@ pub struct Context {
     pub(super) recent: Arc<Recents>,
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
-    pub(super) recorder: Recorder,
+    pub(super) events: super::cluster::Events,
+    /// Urgent writes in flight (drain pod creates, claim deletes), which the others wait for.
+    pub(super) urgency: Arc<crate::runtime::urgency::Urgency>,
     pub(super) config: ControllerConfig,
     /// The namespace this context's scope watches (`None`: all namespaces). The caches hold
     /// this namespace only; what is shared with the other scopes (the metrics) is touched for

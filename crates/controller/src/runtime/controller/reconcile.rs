@@ -193,7 +193,7 @@ pub(super) async fn admit<K: ServedSet>(
             "name shared with a set of the other kind; nothing is drained"
         );
         publish(
-            &ctx.recorder,
+            &ctx.events,
             &set_ref,
             Severity::Warning,
             "NameClash",
@@ -210,7 +210,7 @@ pub(super) async fn admit<K: ServedSet>(
             // Which ordinals the set runs is unknown: nothing is planned, nothing deleted.
             warn!(error = %e, "unreadable reserveOrdinals; nothing is drained until the set changes");
             publish(
-                &ctx.recorder,
+                &ctx.events,
                 &set_ref,
                 Severity::Warning,
                 "InvalidReserveOrdinals",
@@ -276,7 +276,7 @@ pub(super) fn check<K: ServedSet>(
     for p in &problems {
         warn!(reason = p.reason, message = %p.message, "invalid drain settings; no new drain until the set changes");
         publish(
-            &ctx.recorder,
+            &ctx.events,
             set_ref,
             Severity::Warning,
             p.reason,
@@ -344,7 +344,7 @@ pub(super) fn sort_failures(
     for (ordinal, e) in &failed {
         error!(ordinal, error = %e.describe(), "action failed; retrying with backoff");
         publish(
-            &ctx.recorder,
+            &ctx.events,
             set_ref,
             Severity::Warning,
             e.reason(),
@@ -462,7 +462,7 @@ pub(super) async fn dry_run<K: ServedSet>(
         for e in &events {
             info!(reason = e.reason, note = %e.note, "dry run");
             publish(
-                &ctx.recorder,
+                &ctx.events,
                 set_ref,
                 e.severity,
                 e.reason,
