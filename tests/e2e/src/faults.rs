@@ -443,18 +443,49 @@ impl ClaimDeleteDenial {
     }
 }
 
-/// Creates of drain pods in one namespace that hang: a validating webhook whose endpoint (a
-/// listener of this process on 127.0.0.1) accepts connections and never answers, so the API
-/// server waits for it for up to `timeoutSeconds` (then lets the create through:
-/// `failurePolicy: Ignore`). The webhook goes when this is dropped; the listener with it.
-pub struct HangingCreates {
+/// Writes in one namespace that hang: a validating webhook whose endpoint (a listener of this
+/// process on 127.0.0.1) accepts connections and never answers, so the API server waits for it
+/// for up to `timeoutSeconds` (then lets the write through: `failurePolicy: Ignore`). The
+/// webhook goes when this is dropped; the listener with it.
+pub struct HangingWrites {
     _cleanup: Finally,
     _listener: std::thread::JoinHandle<()>,
 }
 
-impl HangingCreates {
+impl HangingWrites {
     /// Makes each drain pod create in the namespace hang for `seconds` (at most 30).
-    pub async fn create(client: &Client, ns: &TestNamespace, seconds: u32) -> Result<Self> {
+    pub async fn drain_pod_creates(
+        client: &Client,
+        ns: &TestNamespace,
+        seconds: u32,
+    ) -> Result<Self> {
+        let rules = json!([{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE"], "resources": ["pods"],
+        }]);
+        let drain_pods = json!({"matchExpressions": [{
+            "key": drain_api::labels::DRAIN_POD, "operator": "Exists",
+        }]});
+        Self::start(client, ns, "drain-pod-creates", rules, drain_pods, seconds).await
+    }
+
+    /// Makes each claim delete in the namespace hang for `seconds` (at most 30).
+    pub async fn claim_deletes(client: &Client, ns: &TestNamespace, seconds: u32) -> Result<Self> {
+        let rules = json!([{
+            "apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["DELETE"], "resources": ["persistentvolumeclaims"],
+        }]);
+        Self::start(client, ns, "claim-deletes", rules, json!({}), seconds).await
+    }
+
+    async fn start(
+        client: &Client,
+        ns: &TestNamespace,
+        what: &str,
+        rules: serde_json::Value,
+        objects: serde_json::Value,
+        seconds: u32,
+    ) -> Result<Self> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let accept = std::thread::spawn(move || {
@@ -464,7 +495,7 @@ impl HangingCreates {
                 held.push(conn);
             }
         });
-        let name = format!("{}-hang-drain-pod-creates", ns.name);
+        let name = format!("{}-hang-{what}", ns.name);
         let cleanup = {
             let name = name.clone();
             Finally::new(&format!("webhook {name}"), move |client| {
@@ -482,14 +513,9 @@ impl HangingCreates {
             "webhooks": [{
                 "name": "hang.e2e.statefulset-drain.local",
                 "clientConfig": {"url": format!("https://127.0.0.1:{port}/hang")},
-                "rules": [{
-                    "apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["pods"],
-                }],
+                "rules": rules,
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}},
-                "objectSelector": {"matchExpressions": [{
-                    "key": drain_api::labels::DRAIN_POD, "operator": "Exists",
-                }]},
+                "objectSelector": objects,
                 "failurePolicy": "Ignore",
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],

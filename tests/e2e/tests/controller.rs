@@ -116,7 +116,7 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ctl-creates-overlap").await?;
-    let _hang = e2e::faults::HangingCreates::create(&client, &ns, 8).await?;
+    let _hang = e2e::faults::HangingWrites::drain_pod_creates(&client, &ns, 8).await?;
     let controller = ControllerProcess::start(&ns.name, &[]);
     let set = drain_set("web", "true")
         .parallel()
@@ -172,6 +172,79 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
         "no create was sent while another was in flight"
     );
     assert_claims_kept(&ns, &[]).await?;
+    Ok(())
+}
+
+/// The drains of a scale-down finish close together, and a claim's delete can take long (here
+/// an admission webhook holds each for 8 s): the claims of the drains that finish while a
+/// claim delete is in flight are deleted beside it, not after it. The three drain pods of a
+/// Parallel set finish 0, 1 and 2 s after they start; judged from the claims' own deletion
+/// times (the API server's), which deletes waiting for the first one's answer would space by
+/// the 8 s it is held at least.
+#[tokio::test]
+async fn claims_of_drains_that_finish_while_a_claim_delete_hangs_are_deleted_beside_it()
+-> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-deletes-overlap").await?;
+    let _hang = e2e::faults::HangingWrites::claim_deletes(&client, &ns, 8).await?;
+    let controller = ControllerProcess::start(&ns.name, &[]);
+    let set = drain_set("web", "sleep ${HOSTNAME##*-}").parallel();
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+
+    // Each claim's deletion time (whole seconds, the API server's), from a watch: a claim's
+    // deletion can end within milliseconds (its drain pod goes right after), which a poll
+    // would miss, but its Deleted event carries it.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let poll = {
+        use futures::StreamExt;
+        let (claims, seen) = (
+            ns.api::<PersistentVolumeClaim>(),
+            std::sync::Arc::clone(&seen),
+        );
+        let events = kube::runtime::watcher(claims, Default::default());
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let c = match event {
+                    Ok(
+                        kube::runtime::watcher::Event::Apply(c)
+                        | kube::runtime::watcher::Event::Delete(c)
+                        | kube::runtime::watcher::Event::InitApply(c),
+                    ) => c,
+                    _ => continue,
+                };
+                if let (Some(name), Some(at)) = (c.metadata.name, c.metadata.deletion_timestamp) {
+                    seen.lock().expect("seen").entry(name).or_insert(at.0);
+                }
+            }
+        })
+    };
+    scale(&ns, "web", 0).await?;
+    for o in 0..3 {
+        wait_claim_gone(&ns, &format!("data-web-{o}"), T).await?;
+    }
+    poll.abort();
+    let deleted: Vec<k8s_openapi::jiff::Timestamp> =
+        seen.lock().expect("seen").values().copied().collect();
+    anyhow::ensure!(
+        deleted.len() == 3,
+        "three claims seen being deleted: {deleted:?}"
+    );
+    let (first, last) = (deleted.iter().min().unwrap(), deleted.iter().max().unwrap());
+    let spread = last.duration_since(*first);
+    anyhow::ensure!(
+        spread < k8s_openapi::jiff::SignedDuration::from_secs(6),
+        "the claim deletes waited for the first ({spread:?} from the first claim's deletion to \
+         the last; waiting would take 8 s at least)"
+    );
+    anyhow::ensure!(
+        count_log_lines(
+            &controller.log,
+            "acting on drains finished while claim deletes were in flight"
+        )? >= 1,
+        "no claim delete was sent while another was in flight"
+    );
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use drain_api::annotations::DRAINER_POD_TEMPLATE as TEMPLATE;
-use e2e::faults::{HangingCreates, count_log_lines};
+use e2e::faults::{HangingWrites, count_log_lines};
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
@@ -190,7 +190,7 @@ async fn sigterm_releases_the_lease_and_exits_0() -> Result<()> {
 async fn sigterm_drops_a_hung_reconcile_after_the_grace_and_lets_the_lease_expire() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "ha-grace").await?;
-    let hang = HangingCreates::create(&client, &ns, 15).await?;
+    let hang = HangingWrites::drain_pod_creates(&client, &ns, 15).await?;
     start_set(&ns, &drain_set("web", "true").replicas(2)).await?;
     wait_running(&ns, &pod_names("web", 0..2)).await?;
     let elect =

@@ -1,4 +1,5 @@
-//! Acting on the pods that go while a set's reconcile has creates in flight.
+//! Acting on the pods that go, and the drains that finish, while a set's reconcile has creates
+//! or claim deletes in flight.
 //!
 //! A set's reconciles run one at a time (`queue`), and a scale-down's pods go one after
 //! another, tens of milliseconds apart: without this, a pod that goes while its set's reconcile
@@ -11,6 +12,13 @@
 //! as it was when the reconcile began, so a change of the set that can change a plan (a scale,
 //! its settings, an opt-out: [`PodsChanged::set_changed`]) ends the planning again: the next
 //! reconcile, which that change triggers, plans from the set as it is.
+//!
+//! The drains of a scale-down finish close together too, so the same holds for them: while a
+//! reconcile's claim deletes are in flight, a drain pod of its set that changes has the plan
+//! made again, and an ordinal not acted on yet whose drain that plan finds proven finished gets
+//! its actions (its volumes retained if asked, its claims deleted, its drain pod deleted)
+//! beside the ones in flight: what the next reconcile would do for it, by the same rules, from
+//! the same caches, without waiting for this one's writes.
 
 use std::collections::{BTreeSet, HashMap};
 use std::pin::Pin;
@@ -124,17 +132,23 @@ pub(super) struct Replan<'a> {
 
 type Round<'a> = Pin<Box<dyn Future<Output = Vec<(i32, ActError)>> + Send + 'a>>;
 
-/// Carries out `actions` ([`act::apply`]); while creates of drain pods are among them and in
-/// flight, plans again each time a pod of the set changes and carries out, beside them, the
-/// creates of the ordinals not acted on yet. Returns the failures and every action carried out.
+/// Carries out `actions` ([`act::apply`]); while creates of drain pods or deletes of drained
+/// claims are among them and in flight, plans again each time a pod or drain pod of the set
+/// changes and carries out, beside them, the creates and the cleanups of the ordinals not acted
+/// on yet. Returns the failures and every action carried out.
 pub(super) async fn act_while_pods_go<K: ServedSet>(
     replan: &Replan<'_>,
     cluster: &KubeCluster<'_, K>,
     act_ctx: &ActCtx<'_>,
     actions: &[Action],
 ) -> (Vec<(i32, ActError)>, Vec<Action>) {
-    let creates = |a: &Action| matches!(a, Action::CreateDrainPod { .. });
-    if !actions.iter().any(creates) || !opted_in(replan.set) {
+    let urgent = |a: &Action| {
+        matches!(
+            a,
+            Action::CreateDrainPod { .. } | Action::DeleteClaims { .. }
+        )
+    };
+    if !actions.iter().any(urgent) || !opted_in(replan.set) {
         return (
             act::apply(cluster, act_ctx, actions).await,
             actions.to_vec(),
@@ -160,15 +174,19 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
             },
             () = listening.listener.notify.notified(), if replanning => {
                 if listening.set_changed() {
-                    info!("the set changed while creates were in flight; its next reconcile plans the rest");
+                    info!("the set changed while creates or claim deletes were in flight; its next reconcile plans the rest");
                     replanning = false;
                     continue;
                 }
-                let new = creates_of_pods_gone::<K>(replan, &acted);
+                let new = actions_meanwhile::<K>(replan, &acted);
                 if new.is_empty() || !cluster_may_act(replan) {
                     continue;
                 }
-                info!(actions = ?new, "acting on pods gone while creates were in flight");
+                if new.iter().any(|a| matches!(a, Action::CreateDrainPod { .. })) {
+                    info!(actions = ?new, "acting on pods gone while creates were in flight");
+                } else {
+                    info!(actions = ?new, "acting on drains finished while claim deletes were in flight");
+                }
                 acted.extend(new.iter().map(Action::ordinal));
                 all.extend(new.iter().cloned());
                 rounds.push(Box::pin(async move {
@@ -187,32 +205,112 @@ fn cluster_may_act(replan: &Replan<'_>) -> bool {
     replan.ctx.config.leadership.is_leading()
 }
 
-/// The creates a plan made now from the caches (with the creates in flight shown as Pending
-/// drain pods) asks for, of the ordinals not `acted` on yet and not held by a pod made by hand.
-/// None while the set's creates wait for their live reads ([`act::Cluster::confirm_first`]):
-/// a create is shown in flight only once it is sent, so one waiting for its read would not
-/// hold its slot.
-fn creates_of_pods_gone<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Vec<Action> {
+/// What a plan made now from the caches (with the creates in flight shown as Pending drain
+/// pods) asks for, of the ordinals not `acted` on yet and not held by a pod made by hand
+/// ([`meanwhile`]).
+fn actions_meanwhile<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Vec<Action> {
     let ctx = replan.ctx;
     let id = set_id(K::KIND, replan.set);
-    if ctx.memory.read(&id, |m| m.unconfirmed) {
-        return Vec::new();
-    }
+    let unconfirmed = ctx.memory.read(&id, |m| m.unconfirmed);
     let mut snap = observe_set(ctx, K::KIND, replan.set, false);
     snap.reserved = replan.reserved.clone();
     snap.also_held = replan.also_held.clone();
     let taken: BTreeSet<i32> = ctx.memory.read(&id, |m| m.taken.keys().copied().collect());
-    plan::plan(&snap, replan.settings, Timestamp::now())
-        .actions
+    let skip: BTreeSet<i32> = acted.union(&taken).copied().collect();
+    let planned = plan::plan(&snap, replan.settings, Timestamp::now()).actions;
+    meanwhile(planned, &skip, unconfirmed)
+}
+
+/// Of the actions `planned`, those carried out beside the ones in flight, for the ordinals not
+/// in `skip`:
+/// - a drain proven finished: all of its ordinal's actions, in order (the ordinal's plan has
+///   its claims deleted);
+/// - a pod gone: its drain pod's create, unless the set's creates wait for their live reads
+///   (`unconfirmed`, [`act::Cluster::confirm_first`]): a create is shown in flight only once it
+///   is sent, so one waiting for its read would not hold its slot.
+fn meanwhile(planned: Vec<Action>, skip: &BTreeSet<i32>, unconfirmed: bool) -> Vec<Action> {
+    let finished: BTreeSet<i32> = planned
+        .iter()
+        .filter(|a| matches!(a, Action::DeleteClaims { .. }))
+        .map(Action::ordinal)
+        .collect();
+    planned
         .into_iter()
-        .filter(|a| matches!(a, Action::CreateDrainPod { .. }))
-        .filter(|a| !acted.contains(&a.ordinal()) && !taken.contains(&a.ordinal()))
+        .filter(|a| !skip.contains(&a.ordinal()))
+        .filter(|a| {
+            finished.contains(&a.ordinal())
+                || (!unconfirmed && matches!(a, Action::CreateDrainPod { .. }))
+        })
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::DeleteWhy;
+
+    fn create(ordinal: i32) -> Action {
+        Action::CreateDrainPod {
+            ordinal,
+            claims: Default::default(),
+            attempt: 1,
+            new_series: None,
+        }
+    }
+
+    /// The actions of an ordinal whose drain is proven finished.
+    fn cleanup(ordinal: i32) -> Vec<Action> {
+        vec![
+            Action::RetainVolumes {
+                ordinal,
+                claims: vec![],
+                until: Timestamp::UNIX_EPOCH,
+            },
+            Action::DeleteClaims {
+                ordinal,
+                claims: vec![],
+            },
+            Action::DeleteDrainPod {
+                ordinal,
+                name: format!("web-{ordinal}"),
+                uid: "u".into(),
+                resource_version: None,
+                why: DeleteWhy::Succeeded,
+            },
+        ]
+    }
+
+    fn failure(ordinal: i32) -> Action {
+        Action::DeleteDrainPod {
+            ordinal,
+            name: format!("web-{ordinal}"),
+            uid: "u".into(),
+            resource_version: None,
+            why: DeleteWhy::Failed,
+        }
+    }
+
+    #[test]
+    fn meanwhile_takes_the_creates_and_the_whole_cleanups_of_the_ordinals_not_acted_on() {
+        let mut planned = vec![create(4), failure(3)];
+        planned.extend(cleanup(2));
+        planned.extend(cleanup(1));
+        planned.push(create(0));
+        let skip = BTreeSet::from([1, 0]);
+        let taken = meanwhile(planned.clone(), &skip, false);
+        let mut want = vec![create(4)];
+        want.extend(cleanup(2));
+        assert_eq!(
+            taken, want,
+            "a failure's handling waits for the next reconcile"
+        );
+        let unconfirmed = meanwhile(planned, &skip, true);
+        assert_eq!(
+            unconfirmed,
+            cleanup(2),
+            "no create while the set's creates wait for their live reads; cleanups go on"
+        );
+    }
 
     #[tokio::test]
     async fn a_change_wakes_the_reconcile_that_listens_and_only_while_it_does() {

@@ -108,12 +108,19 @@ pub(super) async fn serve<K: ServedSet>(
             );
             Stopped::Clean
         }
-        Some(at_once) => {
+        Some(false) => {
             warn!(
                 kind = K::KIND.label(),
                 grace = ?grace,
-                at_once,
-                "reconciles still running at the stop were dropped (the next leader resumes them)"
+                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+            );
+            Stopped::DroppedReconciles
+        }
+        Some(true) => {
+            // The caches synced while the reconciles were being dropped: one may have acted.
+            warn!(
+                kind = K::KIND.label(),
+                "reconciles dropped at the stop as the caches synced; one may have acted (the next leader resumes them)"
             );
             Stopped::DroppedReconciles
         }

@@ -268,6 +268,9 @@ impl Routes {
             return;
         };
         debug!(pod = ?pod.metadata.name, statefulset = %set, "drain pod changed: its set triggered");
+        // Besides the trigger: the set's reconcile in progress, if it waits for claim deletes
+        // (or creates), acts on this drain pod too.
+        self.pods_changed.changed(&ns, set);
         if let Some(r) = any_set_ref(&self.sets, set, &ns) {
             let _ = self.to_sets.send(r);
         }
