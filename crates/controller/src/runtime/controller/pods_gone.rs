@@ -20,7 +20,7 @@
 //! beside the ones in flight: what the next reconcile would do for it, by the same rules, from
 //! the same caches, without waiting for this one's writes.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -132,16 +132,58 @@ pub(super) struct Replan<'a> {
 
 type Round<'a> = Pin<Box<dyn Future<Output = Vec<(i32, ActError)>> + Send + 'a>>;
 
+/// What [`act_while_pods_go`] carried out.
+pub(super) struct Carried {
+    /// The actions that failed, by ordinal.
+    pub(super) failed: Vec<(i32, ActError)>,
+    /// Every action carried out: the plan's, then those planned meanwhile.
+    pub(super) actions: Vec<Action>,
+    /// The state of each ordinal acted on meanwhile, as the plan that acted on it saw it (the
+    /// reconcile's own plan is older for those: a drain it saw running has finished, a pod it
+    /// saw has gone). Without it, an ordinal cleaned up meanwhile would never be reported done:
+    /// its claims and drain pod are gone by the next reconcile.
+    pub(super) status: BTreeMap<i32, plan::OrdinalState>,
+    /// The pods of the ordinals acted on meanwhile, as that plan observed them (for the
+    /// metrics: a drain's duration is read from its pod).
+    pub(super) pods: Vec<plan::PodObs>,
+}
+
+impl Carried {
+    /// `plan` and `snap` with what was acted on meanwhile: its actions, and the newer state
+    /// and pods of those ordinals.
+    pub(super) fn merge_into(
+        self,
+        plan: &mut plan::Plan,
+        snap: &mut plan::Snapshot,
+    ) -> Vec<(i32, ActError)> {
+        plan.actions = self.actions;
+        plan.status.extend(self.status);
+        let newer: BTreeSet<i32> = self.pods.iter().map(|p| p.ordinal).collect();
+        snap.pods.retain(|p| !newer.contains(&p.ordinal));
+        snap.pods.extend(self.pods);
+        snap.pods.sort_by_key(|p| p.ordinal);
+        self.failed
+    }
+}
+
+/// The actions planned meanwhile for the ordinals not acted on yet, with their state and pods.
+#[derive(Default)]
+struct Meanwhile {
+    actions: Vec<Action>,
+    status: BTreeMap<i32, plan::OrdinalState>,
+    pods: Vec<plan::PodObs>,
+}
+
 /// Carries out `actions` ([`act::apply`]); while creates of drain pods or deletes of drained
 /// claims are among them and in flight, plans again each time a pod or drain pod of the set
 /// changes and carries out, beside them, the creates and the cleanups of the ordinals not acted
-/// on yet. Returns the failures and every action carried out.
+/// on yet. Returns what it carried out.
 pub(super) async fn act_while_pods_go<K: ServedSet>(
     replan: &Replan<'_>,
     cluster: &KubeCluster<'_, K>,
     act_ctx: &ActCtx<'_>,
     actions: &[Action],
-) -> (Vec<(i32, ActError)>, Vec<Action>) {
+) -> Carried {
     let urgent = |a: &Action| {
         matches!(
             a,
@@ -149,10 +191,12 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
         )
     };
     if !actions.iter().any(urgent) || !opted_in(replan.set) {
-        return (
-            act::apply(cluster, act_ctx, actions).await,
-            actions.to_vec(),
-        );
+        return Carried {
+            failed: act::apply(cluster, act_ctx, actions).await,
+            actions: actions.to_vec(),
+            status: BTreeMap::new(),
+            pods: Vec::new(),
+        };
     }
     let (ns, name) = (
         replan.set.namespace().unwrap_or_default(),
@@ -161,6 +205,7 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
     let listening = replan.ctx.pods_changed.listen(&ns, &name);
     let mut acted: BTreeSet<i32> = actions.iter().map(Action::ordinal).collect();
     let mut all = actions.to_vec();
+    let (mut status, mut pods) = (BTreeMap::new(), Vec::new());
     let mut rounds: FuturesUnordered<Round<'_>> = FuturesUnordered::new();
     rounds.push(Box::pin(act::apply(cluster, act_ctx, actions)));
     let mut failed = Vec::new();
@@ -178,10 +223,13 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
                     replanning = false;
                     continue;
                 }
-                let new = actions_meanwhile::<K>(replan, &acted);
+                let Meanwhile { actions: new, status: states, pods: seen } =
+                    actions_meanwhile::<K>(replan, &acted);
                 if new.is_empty() || !cluster_may_act(replan) {
                     continue;
                 }
+                status.extend(states);
+                pods.extend(seen);
                 if new.iter().any(|a| matches!(a, Action::CreateDrainPod { .. })) {
                     info!(actions = ?new, "acting on pods gone while creates were in flight");
                 } else {
@@ -198,7 +246,12 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
             }
         }
     }
-    (failed, all)
+    Carried {
+        failed,
+        actions: all,
+        status,
+        pods,
+    }
 }
 
 fn cluster_may_act(replan: &Replan<'_>) -> bool {
@@ -208,7 +261,7 @@ fn cluster_may_act(replan: &Replan<'_>) -> bool {
 /// What a plan made now from the caches (with the creates in flight shown as Pending drain
 /// pods) asks for, of the ordinals not `acted` on yet and not held by a pod made by hand
 /// ([`meanwhile`]).
-fn actions_meanwhile<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Vec<Action> {
+fn actions_meanwhile<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -> Meanwhile {
     let ctx = replan.ctx;
     let id = set_id(K::KIND, replan.set);
     let unconfirmed = ctx.memory.read(&id, |m| m.unconfirmed);
@@ -217,8 +270,18 @@ fn actions_meanwhile<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -
     snap.also_held = replan.also_held.clone();
     let taken: BTreeSet<i32> = ctx.memory.read(&id, |m| m.taken.keys().copied().collect());
     let skip: BTreeSet<i32> = acted.union(&taken).copied().collect();
-    let planned = plan::plan(&snap, replan.settings, Timestamp::now()).actions;
-    meanwhile(planned, &skip, unconfirmed)
+    let planned = plan::plan(&snap, replan.settings, Timestamp::now());
+    let actions = meanwhile(planned.actions, &skip, unconfirmed);
+    let taken: BTreeSet<i32> = actions.iter().map(Action::ordinal).collect();
+    Meanwhile {
+        status: (planned.status.into_iter())
+            .filter(|(o, _)| taken.contains(o))
+            .collect(),
+        pods: (snap.pods.into_iter())
+            .filter(|p| taken.contains(&p.ordinal))
+            .collect(),
+        actions,
+    }
 }
 
 /// Of the actions `planned`, those carried out beside the ones in flight, for the ordinals not
@@ -288,6 +351,40 @@ mod tests {
             resource_version: None,
             why: DeleteWhy::Failed,
         }
+    }
+
+    #[test]
+    fn what_was_acted_on_meanwhile_is_reported_with_the_state_that_plan_saw() {
+        let draining = plan::OrdinalState::Draining {
+            attempt: 1,
+            progress: None,
+            note: None,
+        };
+        let done = plan::OrdinalState::Done { at: "now".into() };
+        let mut plan = plan::Plan {
+            actions: vec![create(4)],
+            status: BTreeMap::from([(4, draining.clone()), (2, draining.clone())]),
+            requeue_after: None,
+        };
+        let mut snap = plan::Snapshot::default();
+        let mut actions = vec![create(4)];
+        actions.extend(cleanup(2));
+        let carried = Carried {
+            failed: Vec::new(),
+            actions: actions.clone(),
+            status: BTreeMap::from([(2, done.clone())]),
+            pods: Vec::new(),
+        };
+        assert!(carried.merge_into(&mut plan, &mut snap).is_empty());
+        assert_eq!(
+            plan.actions, actions,
+            "counted with the actions carried out meanwhile"
+        );
+        assert_eq!(
+            plan.status,
+            BTreeMap::from([(4, draining), (2, done)]),
+            "a drain cleaned up meanwhile is reported done, not still draining"
+        );
     }
 
     #[test]

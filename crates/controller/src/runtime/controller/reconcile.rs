@@ -99,13 +99,11 @@ pub(super) async fn reconcile<K: ServedSet>(
             reserved: &snap.reserved,
             also_held: &snap.also_held,
         };
-        let (failed, carried_out) =
-            act_while_pods_go(&replan, &cluster, &act_ctx, &plan.actions).await;
-        // Counted with the creates of the pods gone meanwhile.
-        let plan = plan::Plan {
-            actions: carried_out,
-            ..plan
-        };
+        let carried = act_while_pods_go(&replan, &cluster, &act_ctx, &plan.actions).await;
+        // Counted and reported with what was acted on meanwhile (pods gone, drains finished):
+        // those ordinals' state and pods as the plan that acted on them saw them.
+        let mut plan = plan;
+        let failed = carried.merge_into(&mut plan, &mut snap);
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
             return Ok(Requeue::await_change());

@@ -287,6 +287,9 @@ impl Routes {
         for set in observe::claim_set_candidates(&name) {
             let draining = !self.in_flight.names(&ns, set).is_empty();
             if let Some(r) = claim_ref(&self.sets, &name, set, &ns, draining) {
+                // Besides the trigger: the set's reconcile in progress, if it waits for creates
+                // or claim deletes, acts on this claim too (an approval given meanwhile).
+                self.pods_changed.changed(&ns, set);
                 let _ = self.to_sets.send(r);
             }
             if let Some(r) = self
