@@ -332,9 +332,9 @@ const WITHOUT_LIST_ON_PODS: [(&str, &str); 1] = [(
 /// SIGTERM while the controller cannot list what it watches (an RBAC denial, retried with
 /// backoff), once for the sets and once for the pods with an opted-in set whose reconcile waits
 /// for the pod caches: the controller is not Ready (`/readyz`), no reconcile has acted, and it
-/// exits 0 at once. (kube-runtime
-/// holds its runner until the sets are listed and stops polling their watch at shutdown, and a
-/// graceful stop waits for the reconciles in progress: both stops used to hang.)
+/// exits 0 at once, saying no reconcile had started. (With kube-runtime's controller loop, which
+/// held its runner until the sets were listed and stopped polling their watch at shutdown, and a
+/// graceful stop that waits for the reconciles in progress, both stops used to hang.)
 #[tokio::test]
 async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
     let client = client().await;

@@ -89,7 +89,10 @@ pub(super) async fn serve<K: ServedSet>(
             let ctx = Arc::clone(&ctx);
             async move {
                 match reconcile::<K>(Arc::clone(&set), Arc::clone(&ctx)).await {
-                    Ok(requeue) => requeue,
+                    Ok(requeue) => {
+                        debug!(set = %ObjectRef::from_obj(&*set), "reconciled");
+                        requeue
+                    }
                     Err(e) => {
                         debug!(error = %e, "reconcile failed");
                         error_policy(set, &e, ctx)
@@ -98,8 +101,20 @@ pub(super) async fn serve<K: ServedSet>(
             }
         }
     };
+    let listed_sets = sets.clone();
     match queue::run(sets, requests, reconciler, shutdown, abandon).await {
-        None => Stopped::Clean,
+        None => {
+            // Nothing was running at the stop; before the sets and caches synced, nothing had
+            // got past its wait for them either.
+            let listed = matches!(listed_sets.wait_until_ready().now_or_never(), Some(Ok(())));
+            if halt_at_once(listed, *ctx.ready.borrow()) {
+                info!(
+                    kind = K::KIND.label(),
+                    "stopped before the sets and caches had synced; no reconcile had started"
+                );
+            }
+            Stopped::Clean
+        }
         // Dropped, and ended, before the caches synced: none had got past its wait for them.
         Some(true) if !*ctx.ready.borrow() => {
             info!(

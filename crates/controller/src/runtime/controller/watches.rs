@@ -286,17 +286,18 @@ impl Routes {
         let name = claim.metadata.name.clone().unwrap_or_default();
         for set in observe::claim_set_candidates(&name) {
             let draining = !self.in_flight.names(&ns, set).is_empty();
-            if let Some(r) = claim_ref(&self.sets, &name, set, &ns, draining) {
+            let builtin = claim_ref(&self.sets, &name, set, &ns, draining);
+            let advanced =
+                (self.advanced.get()).and_then(|s| claim_ref(s, &name, set, &ns, draining));
+            if builtin.is_some() || advanced.is_some() {
                 // Besides the trigger: the set's reconcile in progress, if it waits for creates
                 // or claim deletes, acts on this claim too (an approval given meanwhile).
                 self.pods_changed.changed(&ns, set);
+            }
+            if let Some(r) = builtin {
                 let _ = self.to_sets.send(r);
             }
-            if let Some(r) = self
-                .advanced
-                .get()
-                .and_then(|s| claim_ref(s, &name, set, &ns, draining))
-            {
+            if let Some(r) = advanced {
                 let _ = self.to_advanced.send(r);
             }
         }
