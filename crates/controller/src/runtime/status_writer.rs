@@ -156,6 +156,9 @@ impl StatusWriter {
             // Its task runs: it writes this one next (a status waiting before it is dropped),
             // at once if it waits to retry an older one.
             Some(slot) => {
+                if slot.job.is_some() {
+                    debug!(statefulset = %job.target.name, namespace = %job.target.namespace, "a newer status replaces one not written yet");
+                }
                 slot.job = Some(job);
                 slot.wake.notify_one();
             }
@@ -206,8 +209,12 @@ impl Inner {
                 self.memo.abandon(&target.namespace, &target.name, seq);
                 continue;
             }
+            let started = tokio::time::Instant::now();
             match (self.patch)(target.clone(), status).await {
-                Ok(Some(patched)) => self.memo.written(seq, &patched),
+                Ok(Some(patched)) => {
+                    debug!(statefulset = %target.name, namespace = %target.namespace, took = ?started.elapsed(), "status written");
+                    self.memo.written(seq, &patched);
+                }
                 Ok(None) => {
                     debug!(statefulset = %target.name, namespace = %target.namespace, "set gone or replaced; its status is not written");
                     self.memo.abandon(&target.namespace, &target.name, seq);
