@@ -131,6 +131,8 @@ impl Side {
             Cycle::Burst => 0,
             Cycle::Single | Cycle::AfterIdle => self.replicas - 1,
         };
+        // Which side's cycle the trace lines that follow belong to.
+        common::trace(&format!("cycle-{cycle:?}"), self.name);
         let (reactions0, cleanups0) = {
             let seen = self.watches.seen.lock().expect("lock");
             (seen.reactions.len(), seen.cleanups.len())

@@ -83,7 +83,7 @@ fn is_drain(p: &Pod) -> bool {
 
 /// With `STSD_BENCH_TRACE` set, prints when this program saw `what` happen to `name` (wall
 /// clock, to set beside the controller's log).
-fn trace(what: &str, name: &str) {
+pub fn trace(what: &str, name: &str) {
     if std::env::var_os("STSD_BENCH_TRACE").is_some() {
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

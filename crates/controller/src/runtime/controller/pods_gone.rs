@@ -19,6 +19,11 @@
 //! its actions (its volumes retained if asked, its claims deleted, its drain pod deleted)
 //! beside the ones in flight: what the next reconcile would do for it, by the same rules, from
 //! the same caches, without waiting for this one's writes.
+//!
+//! A reconcile listens from its start, before it reads the caches ([`PodsChanged::listen`]):
+//! a pod that goes or a drain that finishes while it plans wakes it as soon as it acts. Were it
+//! to listen only once it acts, such a change would wait for the whole reconcile to end (all of
+//! its writes answered), then for the next one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
@@ -30,7 +35,6 @@ use futures::stream::FuturesUnordered;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::ResourceExt;
 use tokio::sync::Notify;
 use tracing::info;
 
@@ -77,8 +81,11 @@ impl PodsChanged {
         }
     }
 
-    /// Listens for the changes of the set's pods until the guard is dropped.
-    fn listen(&self, ns: &str, name: &str) -> Listening<'_> {
+    /// Listens for the changes of the set's pods until the guard is dropped. A reconcile
+    /// listens from its start, before it reads its caches: a change that lands while it plans
+    /// is kept (a [`Notify`] permit) and has it plan again as soon as it acts, instead of
+    /// waiting for the whole reconcile to end.
+    pub(super) fn listen(&self, ns: &str, name: &str) -> Listening<'_> {
         let key = (ns.to_owned(), name.to_owned());
         let listener = Arc::new(Listener::default());
         self.waiting
@@ -94,7 +101,7 @@ impl PodsChanged {
 }
 
 /// A reconcile listening ([`PodsChanged::listen`]).
-struct Listening<'a> {
+pub(super) struct Listening<'a> {
     changes: &'a PodsChanged,
     key: SetKey,
     listener: Arc<Listener>,
@@ -180,6 +187,7 @@ struct Meanwhile {
 /// on yet. Returns what it carried out.
 pub(super) async fn act_while_pods_go<K: ServedSet>(
     replan: &Replan<'_>,
+    listening: &Listening<'_>,
     cluster: &KubeCluster<'_, K>,
     act_ctx: &ActCtx<'_>,
     actions: &[Action],
@@ -198,11 +206,6 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
             pods: Vec::new(),
         };
     }
-    let (ns, name) = (
-        replan.set.namespace().unwrap_or_default(),
-        replan.set.name_any(),
-    );
-    let listening = replan.ctx.pods_changed.listen(&ns, &name);
     let mut acted: BTreeSet<i32> = actions.iter().map(Action::ordinal).collect();
     let mut all = actions.to_vec();
     let (mut status, mut pods) = (BTreeMap::new(), Vec::new());

@@ -49,6 +49,9 @@ pub(super) async fn reconcile<K: ServedSet>(
         info_span!("reconcile", statefulset = %name, namespace = %ns, kind = K::KIND.label());
     async move {
         debug!("reconcile started");
+        // From before the caches are read: what changes while this reconcile plans is acted on
+        // beside its actions in flight (`pods_gone`), not only once it has ended.
+        let listening = ctx.pods_changed.listen(&ns, &name);
         let (set, set_ref, range, withdrawals_left) = match admit(&ctx, &*obj, set).await? {
             Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left),
             Err(requeue) => return Ok(requeue),
@@ -99,7 +102,8 @@ pub(super) async fn reconcile<K: ServedSet>(
             reserved: &snap.reserved,
             also_held: &snap.also_held,
         };
-        let carried = act_while_pods_go(&replan, &cluster, &act_ctx, &plan.actions).await;
+        let carried =
+            act_while_pods_go(&replan, &listening, &cluster, &act_ctx, &plan.actions).await;
         // Counted and reported with what was acted on meanwhile (pods gone, drains finished):
         // those ordinals' state and pods as the plan that acted on them saw them.
         let mut plan = plan;
