@@ -280,7 +280,9 @@ async fn a_stuck_drain_pod_counts_as_a_failed_attempt_until_the_template_is_fixe
         .as_str()
         .unwrap_or_default();
     ensure!(
-        last.starts_with("stuck: ") && status["ordinals"]["2"]["attempts"] == json!(2),
+        last.starts_with("stuck: ")
+            && last.contains("ErrImageNeverPull")
+            && status["ordinals"]["2"]["attempts"] == json!(2),
         "the status after giving up names neither the stuck pod nor the 2 attempts: {status}"
     );
     wait_for(T, "no drain pod left", || async {

@@ -20,10 +20,10 @@
 //! beside the ones in flight: what the next reconcile would do for it, by the same rules, from
 //! the same caches, without waiting for this one's writes.
 //!
-//! A reconcile listens from its start, before it reads the caches ([`PodsChanged::listen`]):
-//! a pod that goes or a drain that finishes while it plans wakes it as soon as it acts. Were it
-//! to listen only once it acts, such a change would wait for the whole reconcile to end (all of
-//! its writes answered), then for the next one.
+//! A reconcile listens from its start (once admitted), before it reads the caches
+//! ([`PodsChanged::listen`]): a pod that goes or a drain that finishes while it plans wakes it
+//! as soon as it acts. Were it to listen only once it acts, such a change would wait for the
+//! whole reconcile to end (all of its writes answered), then for the next one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::Pin;
@@ -82,9 +82,9 @@ impl PodsChanged {
     }
 
     /// Listens for the changes of the set's pods until the guard is dropped. A reconcile
-    /// listens from its start, before it reads its caches: a change that lands while it plans
-    /// is kept (a [`Notify`] permit) and has it plan again as soon as it acts, instead of
-    /// waiting for the whole reconcile to end.
+    /// listens from its start (once admitted), before it reads the caches: a change that lands
+    /// while it plans is kept (a [`Notify`] permit) and has it plan again as soon as it acts,
+    /// instead of waiting for the whole reconcile to end.
     pub(super) fn listen(&self, ns: &str, name: &str) -> Listening<'_> {
         let key = (ns.to_owned(), name.to_owned());
         let listener = Arc::new(Listener::default());

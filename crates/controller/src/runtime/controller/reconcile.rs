@@ -49,13 +49,16 @@ pub(super) async fn reconcile<K: ServedSet>(
         info_span!("reconcile", statefulset = %name, namespace = %ns, kind = K::KIND.label());
     async move {
         debug!("reconcile started");
-        // From before the caches are read: what changes while this reconcile plans is acted on
-        // beside its actions in flight (`pods_gone`), not only once it has ended.
-        let listening = ctx.pods_changed.listen(&ns, &name);
         let (set, set_ref, range, withdrawals_left) = match admit(&ctx, &*obj, set).await? {
             Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left),
             Err(requeue) => return Ok(requeue),
         };
+        // From before the pod and claim caches are read: what changes while this reconcile
+        // plans is acted on beside its actions in flight (`pods_gone`), not only once it has
+        // ended. After `admit`, which refuses a set whose twin of the other kind holds the
+        // name: a refused twin's listener would take this name's wakes from the reconcile of
+        // the set that holds it.
+        let listening = ctx.pods_changed.listen(&ns, &name);
 
         // validate
         let checked = check(&ctx, &*obj, &set, &set_ref);
