@@ -194,32 +194,50 @@ async fn claims_of_drains_that_finish_while_a_claim_delete_hangs_are_deleted_bes
     start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
 
-    // Each claim's deletion time (whole seconds, the API server's), from a watch: a claim's
-    // deletion can end within milliseconds (its drain pod goes right after), which a poll
-    // would miss, but its Deleted event carries it.
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
-    let poll = {
+    // Judged per drain, from facts the controller does not make: each drain's finish (its
+    // container's `finishedAt`, the kubelet's) and its claim's deletion (`deletionTimestamp`,
+    // the API server's; both whole seconds), each taken from a watch: a claim's deletion can
+    // end within milliseconds (its drain pod goes right after), which a poll would miss. Each
+    // claim delete hangs 8 s before the API server marks the claim: a claim deleted beside the
+    // ones in flight is marked 8 s after its drain finished; one that waited for a delete in
+    // flight, at least 8 s more than that, less the gap between the two drains' finishes.
+    type Seen = std::sync::Arc<
+        std::sync::Mutex<std::collections::BTreeMap<String, k8s_openapi::jiff::Timestamp>>,
+    >;
+    let (deleted, finished): (Seen, Seen) = Default::default();
+    let watches = {
         use futures::StreamExt;
-        let (claims, seen) = (
-            ns.api::<PersistentVolumeClaim>(),
-            std::sync::Arc::clone(&seen),
+        use kube::runtime::watcher::{self, Event};
+        let claims = watcher::watcher(ns.api::<PersistentVolumeClaim>(), Default::default());
+        let pods = watcher::watcher(
+            ns.api::<Pod>(),
+            watcher::Config::default().labels(drain_api::labels::DRAIN_POD),
         );
-        let events = kube::runtime::watcher(claims, Default::default());
+        let (deleted, finished) = (deleted.clone(), finished.clone());
         tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            while let Some(event) = events.next().await {
-                let c = match event {
-                    Ok(
-                        kube::runtime::watcher::Event::Apply(c)
-                        | kube::runtime::watcher::Event::Delete(c)
-                        | kube::runtime::watcher::Event::InitApply(c),
-                    ) => c,
-                    _ => continue,
-                };
-                if let (Some(name), Some(at)) = (c.metadata.name, c.metadata.deletion_timestamp) {
-                    seen.lock().expect("seen").entry(name).or_insert(at.0);
+            let claims = claims.for_each(|event| {
+                if let Ok(Event::Apply(c) | Event::Delete(c) | Event::InitApply(c)) = event
+                    && let (Some(name), Some(at)) = (c.metadata.name, c.metadata.deletion_timestamp)
+                {
+                    deleted.lock().expect("seen").entry(name).or_insert(at.0);
                 }
-            }
+                std::future::ready(())
+            });
+            let pods = pods.for_each(|event| {
+                if let Ok(Event::Apply(p) | Event::Delete(p) | Event::InitApply(p)) = event {
+                    let end = (p.status.as_ref())
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|cs| cs.first())
+                        .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+                        .filter(|t| t.exit_code == 0)
+                        .and_then(|t| t.finished_at.as_ref());
+                    if let (Some(name), Some(at)) = (p.metadata.name, end) {
+                        finished.lock().expect("seen").entry(name).or_insert(at.0);
+                    }
+                }
+                std::future::ready(())
+            });
+            futures::join!(claims, pods);
         })
     };
     scale(&ns, "web", 0).await?;
@@ -229,24 +247,50 @@ async fn claims_of_drains_that_finish_while_a_claim_delete_hangs_are_deleted_bes
     // (The watch may deliver the last Deleted event after the claim is gone for a read.)
     let _ = wait_for(
         Duration::from_secs(10),
-        "the watch to see three deletions",
-        || async { Ok(seen.lock().expect("seen").len() == 3) },
+        "the watches to see three drains finish and three claims deleted",
+        || async {
+            Ok(deleted.lock().expect("seen").len() == 3
+                && finished.lock().expect("seen").len() == 3)
+        },
     )
     .await;
-    poll.abort();
-    let deleted: Vec<k8s_openapi::jiff::Timestamp> =
-        seen.lock().expect("seen").values().copied().collect();
-    anyhow::ensure!(
-        deleted.len() == 3,
-        "three claims seen being deleted: {deleted:?}"
+    watches.abort();
+    let (deleted, finished) = (
+        deleted.lock().expect("seen").clone(),
+        finished.lock().expect("seen").clone(),
     );
-    let (first, last) = (deleted.iter().min().unwrap(), deleted.iter().max().unwrap());
-    let spread = last.duration_since(*first);
+    let mut drains = Vec::new();
+    for o in 0..3 {
+        let (pod, claim) = (format!("web-{o}"), format!("data-web-{o}"));
+        let (Some(end), Some(del)) = (finished.get(&pod), deleted.get(&claim)) else {
+            anyhow::bail!(
+                "not seen: {pod} finishing or {claim} deleted ({finished:?}, {deleted:?})"
+            );
+        };
+        drains.push((o, *end, del.duration_since(*end)));
+    }
+    eprintln!("drains (ordinal, finished, finished -> claim deleted): {drains:?}");
+    // At least two drains finished within 4 s of each other, so one finished while the other's
+    // claim delete hung: else the run shows nothing (Parallel: the pods go together).
+    let overlapped = drains.iter().any(|(a, ea, _)| {
+        drains.iter().any(|(b, eb, _)| {
+            a < b && ea.duration_since(*eb).abs() <= k8s_openapi::jiff::SignedDuration::from_secs(4)
+        })
+    });
     anyhow::ensure!(
-        spread < k8s_openapi::jiff::SignedDuration::from_millis(7500),
-        "the claim deletes waited for the first ({spread:?} from the first claim's deletion to \
-         the last; waiting would take 8 s at least)"
+        overlapped,
+        "no two drains finished within 4 s of each other, so none finished while another's \
+         claim delete hung: {drains:?}"
     );
+    // Beside: 8 s (the hang) and the reaction; waiting for another delete: 12 s or more. Both
+    // times are whole seconds, so the difference read is off by less than 1 s either way.
+    for (o, _, took) in &drains {
+        anyhow::ensure!(
+            *took < k8s_openapi::jiff::SignedDuration::from_millis(10_500),
+            "the claim of ordinal {o} was deleted {took:?} after its drain finished: its delete \
+             waited for another in flight (beside it, 8 s and the reaction): {drains:?}"
+        );
+    }
     anyhow::ensure!(
         count_log_lines(
             &controller.log,
