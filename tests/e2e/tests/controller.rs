@@ -107,13 +107,16 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 /// The pods of a scale-down go one after another, and a drain pod's create can take long (here
 /// an admission webhook holds each for 8 s): the drain pods of the pods that go while a create
 /// is in flight are created beside it, not after it. The three pods of a Parallel set stop 0,
-/// 1 and 2 s after their SIGTERM; judged from the drain pods' own creation times (the API
-/// server's), which creates waiting for the first one's answer would space by the 8 s it is
-/// held at least.
+/// 1 and 2 s after their SIGTERM. Judged per drain, from facts the controller does not make:
+/// the instant the test's own watch sees each stateful pod deleted, and its drain pod's
+/// creation time (the API server's, set as the create arrives, before the webhook holds it). A
+/// create sent beside the ones in flight arrives within the reaction of its pod going; one that
+/// waited for a create in flight arrives 8 s after that create arrived at least.
 /// (The drain pods' slots are counted with the creates in flight: see
 /// `ordered_ready_scale_to_zero_drains_one_at_a_time_highest_first`.)
 #[tokio::test]
 async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it() -> Result<()> {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
     let client = client().await;
     let ns = TestNamespace::new(&client, "ctl-creates-overlap").await?;
     let _hang = e2e::faults::HangingWrites::drain_pod_creates(&client, &ns, 8).await?;
@@ -124,46 +127,94 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
     start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
 
-    // Every drain pod seen, by UID, with its creation time (whole seconds, the API server's).
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
-    let poll = {
-        let (pods, seen) = (ns.api::<Pod>(), std::sync::Arc::clone(&seen));
-        tokio::spawn(async move {
-            let drains = kube::api::ListParams::default().labels(drain_api::labels::DRAIN_POD);
-            loop {
-                if let Ok(list) = pods.list(&drains).await {
-                    let mut seen = seen.lock().expect("seen");
-                    for p in list.items {
-                        if let (Some(uid), Some(at)) = (
-                            p.metadata.uid.clone(),
-                            p.metadata.creation_timestamp.clone(),
-                        ) {
-                            seen.entry(uid).or_insert(at.0);
-                        }
+    // Each stateful pod's deletion as this watch sees it (the test's clock, which is the API
+    // server's: one machine), and each drain pod, by UID, with its name and creation time (whole
+    // seconds, truncated).
+    type Gone = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Timestamp>>>;
+    type Created =
+        std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, (String, Timestamp)>>>;
+    let (gone, created): (Gone, Created) = Default::default();
+    let watch = {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let pods = watcher::watcher(ns.api::<Pod>(), Default::default());
+        let (gone, created) = (gone.clone(), created.clone());
+        tokio::spawn(pods.for_each(move |event| {
+            match event {
+                Ok(Event::Delete(p)) if !is_drain_pod(&p) => {
+                    if let Some(name) = p.metadata.name {
+                        gone.lock()
+                            .expect("seen")
+                            .entry(name)
+                            .or_insert(Timestamp::now());
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Event::Apply(p) | Event::Delete(p) | Event::InitApply(p))
+                    if is_drain_pod(&p) =>
+                {
+                    if let (Some(uid), Some(name), Some(at)) = (
+                        p.metadata.uid,
+                        p.metadata.name,
+                        p.metadata.creation_timestamp,
+                    ) {
+                        created
+                            .lock()
+                            .expect("seen")
+                            .entry(uid)
+                            .or_insert((name, at.0));
+                    }
+                }
+                _ => {}
             }
-        })
+            std::future::ready(())
+        }))
     };
     scale(&ns, "web", 0).await?;
     for o in 0..3 {
         wait_claim_gone(&ns, &format!("data-web-{o}"), T).await?;
     }
-    poll.abort();
-    let created: Vec<k8s_openapi::jiff::Timestamp> =
-        seen.lock().expect("seen").values().copied().collect();
+    watch.abort();
+    let (gone, created) = (
+        gone.lock().expect("seen").clone(),
+        created.lock().expect("seen").clone(),
+    );
     anyhow::ensure!(
         created.len() == 3,
         "three drain pods, once each: {created:?}"
     );
-    let (first, last) = (created.iter().min().unwrap(), created.iter().max().unwrap());
-    let spread = last.duration_since(*first);
+    let mut drains = Vec::new();
+    for o in 0..3 {
+        let name = format!("web-{o}");
+        let (Some(went), Some((_, at))) =
+            (gone.get(&name), created.values().find(|(n, _)| *n == name))
+        else {
+            anyhow::bail!("not seen: {name} going or its drain pod ({gone:?}, {created:?})");
+        };
+        drains.push((o, *went, at.duration_since(*went)));
+    }
+    eprintln!("drains (ordinal, stateful pod gone, gone -> drain pod created): {drains:?}");
+    // At least two stateful pods went within 3 s of each other, so one went while the other's
+    // create hung: else the run shows nothing (Parallel: the pods go together).
+    let overlapped = drains.iter().any(|(a, ga, _)| {
+        drains
+            .iter()
+            .any(|(b, gb, _)| a < b && ga.duration_since(*gb).abs() <= SignedDuration::from_secs(3))
+    });
     anyhow::ensure!(
-        spread < k8s_openapi::jiff::SignedDuration::from_secs(6),
-        "the creates waited for the first ({spread:?} from the first drain pod to the last; \
-         waiting would take 8 s at least)"
+        overlapped,
+        "no two stateful pods went within 3 s of each other, so none went while another's \
+         create hung: {drains:?}"
     );
+    // Beside: the reaction, less up to 1 s of truncation. Waiting for a create that arrived
+    // when (or after) another pod went, at most 3 s before this one: 8 s less those 3, less
+    // the 1 s of truncation, so 4 s at least.
+    for (o, _, took) in &drains {
+        anyhow::ensure!(
+            *took < SignedDuration::from_secs(4),
+            "the drain pod of ordinal {o} was created {took:?} after its pod went: its create \
+             waited for another in flight: {drains:?}"
+        );
+    }
     anyhow::ensure!(
         count_log_lines(
             &controller.log,

