@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::context::{Context, Recents};
 use super::kinds::{Twin, wants};
-use super::memory::{Memory, SetId, set_id};
+use super::memory::{Memory, SetId, Withdrawal, set_id};
 use super::snapshot::newest_claim;
 use super::watches::slim_drain_pod;
 
@@ -195,7 +195,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     fn withdraw_later(&self, name: &str, uid: &str) {
         self.memory.update(&self.id, |m| {
-            m.withdrawing.insert(uid.to_owned(), name.to_owned())
+            m.withdrawing.insert(
+                uid.to_owned(),
+                Withdrawal {
+                    name: name.to_owned(),
+                    term: self.leadership.term(),
+                },
+            )
         });
     }
 

@@ -20,8 +20,11 @@ pub(super) struct SetMemory {
     /// the ordinal back in range): creates wait for the read until one confirms
     /// ([`Cluster::confirm_first`]).
     pub(super) unconfirmed: bool,
-    /// Drain pods whose withdrawal failed: UID → name ([`Cluster::withdraw_later`]).
-    pub(super) withdrawing: BTreeMap<String, String>,
+    /// Drain pods whose withdrawal failed: UID → the pod's name and the term of leadership it
+    /// was created in ([`Cluster::withdraw_later`]). Carried out in that term only: after a
+    /// change of leader, another replica may have found the pod, recorded it and let its drain
+    /// run, so a replica that leads again judges it on its merits, as after a restart.
+    pub(super) withdrawing: BTreeMap<String, Withdrawal>,
     /// Pods made neither by the set nor by us that hold an ordinal's name: ordinal → UID
     /// ([`Cluster::name_taken`]); read again at each reconcile ([`recheck_taken`]).
     pub(super) taken: BTreeMap<i32, String>,
@@ -88,6 +91,25 @@ impl Memory {
     }
 }
 
+/// A drain pod to withdraw ([`SetMemory::withdrawing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Withdrawal {
+    /// The pod's name.
+    pub(super) name: String,
+    /// The term of leadership its create was sent in ([`Leadership::term`]).
+    ///
+    /// [`Leadership::term`]: crate::runtime::leader::Leadership::term
+    pub(super) term: u64,
+}
+
+impl SetMemory {
+    /// The withdrawals of `term`, having dropped those of earlier terms.
+    pub(super) fn withdrawals_of(&mut self, term: u64) -> BTreeMap<String, Withdrawal> {
+        self.withdrawing.retain(|_, w| w.term == term);
+        self.withdrawing.clone()
+    }
+}
+
 /// A set's failed reconciles in a row, and when the retry the last one scheduled is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failures {
@@ -113,6 +135,35 @@ mod tests {
         (SetKind::StatefulSet, "ns".to_owned(), name.to_owned())
     }
 
+    fn withdrawal(name: &str, term: u64) -> Withdrawal {
+        Withdrawal {
+            name: name.to_owned(),
+            term,
+        }
+    }
+
+    #[test]
+    fn a_withdrawal_is_carried_out_only_in_the_term_it_was_asked_in() {
+        let memory = Memory::default();
+        memory.update(&id("web"), |m| {
+            m.withdrawing
+                .insert("old".to_owned(), withdrawal("web-2", 1));
+            m.withdrawing
+                .insert("new".to_owned(), withdrawal("web-1", 2));
+        });
+        let now = memory.update(&id("web"), |m| m.withdrawals_of(2));
+        assert_eq!(now.keys().collect::<Vec<_>>(), ["new"]);
+        // The earlier term's is forgotten, not kept for later.
+        assert_eq!(memory.read(&id("web"), |m| m.withdrawing.len()), 1);
+        // A term after both: nothing left, and the entry that holds nothing is dropped.
+        assert!(
+            memory
+                .update(&id("web"), |m| m.withdrawals_of(3))
+                .is_empty()
+        );
+        assert_eq!(memory.len(), 0);
+    }
+
     #[test]
     fn an_entry_that_holds_nothing_is_dropped() {
         let memory = Memory::default();
@@ -133,7 +184,7 @@ mod tests {
             m.dry_run_reported = Some(7);
             m.taken.insert(2, "uid".to_owned());
             m.withdrawing
-                .insert("pod-uid".to_owned(), "web-2".to_owned());
+                .insert("pod-uid".to_owned(), withdrawal("web-2", 1));
         });
         memory.update(&id("db"), |m| m.unconfirmed = true);
         memory.update(&id("kept"), |m| m.unconfirmed = true);
@@ -141,7 +192,7 @@ mod tests {
         assert_eq!(
             memory.read(&id("web"), Clone::clone),
             SetMemory {
-                withdrawing: BTreeMap::from([("pod-uid".to_owned(), "web-2".to_owned())]),
+                withdrawing: BTreeMap::from([("pod-uid".to_owned(), withdrawal("web-2", 1))]),
                 ..SetMemory::default()
             }
         );

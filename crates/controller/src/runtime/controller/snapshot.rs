@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::cluster::delete_pod;
 use super::context::Context;
-use super::memory::{SetId, set_id};
+use super::memory::{SetId, Withdrawal, set_id};
 
 use crate::act::Deleted;
 use crate::runtime::meta_cache::{ClaimEntry, version_of};
@@ -66,12 +66,19 @@ pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> 
 /// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
 /// are left.
 pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
-    let pending = ctx.memory.read(&id, |m| m.withdrawing.clone());
+    let leadership = &ctx.config.leadership;
+    let pending = ctx
+        .memory
+        .update(&id, |m| m.withdrawals_of(leadership.term()));
     if pending.is_empty() {
         return false;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
-    for (uid, name) in pending {
+    for (uid, Withdrawal { name, term }) in pending {
+        if !leadership.is_leading() || leadership.term() != term {
+            // Lost the lease meanwhile: whoever leads judges the pod.
+            break;
+        }
         let done = match delete_pod(&pods, &ctx.metrics, &ctx.recent, &name, &uid, None).await {
             Ok(Deleted::Deleted) => {
                 info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
@@ -137,9 +144,13 @@ pub(super) fn observe_set(
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
+    let term = ctx.config.leadership.term();
     let withdrawing: std::collections::BTreeSet<String> =
         ctx.memory.read(&set_id(kind, set), |m| {
-            m.withdrawing.keys().cloned().collect()
+            (m.withdrawing.iter())
+                .filter(|(_, w)| w.term == term)
+                .map(|(uid, _)| uid.clone())
+                .collect()
         });
     mark_deleted(&mut snap.pods, |uid| {
         ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
