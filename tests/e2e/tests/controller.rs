@@ -107,11 +107,11 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 /// The pods of a scale-down go one after another, and a drain pod's create can take long (here
 /// an admission webhook holds each for 8 s): the drain pods of the pods that go while a create
 /// is in flight are created beside it, not after it. The three pods of a Parallel set stop 0,
-/// 1 and 2 s after their SIGTERM. Judged per drain, from facts the controller does not make:
-/// the instant the test's own watch sees each stateful pod deleted, and its drain pod's
-/// creation time (the API server's, set as the create arrives, before the webhook holds it). A
-/// create sent beside the ones in flight arrives within the reaction of its pod going; one that
-/// waited for a create in flight arrives 8 s after that create arrived at least.
+/// 1 and 2 s after their SIGTERM. Judged from facts the controller does not make: the instant
+/// the test's own watch sees each stateful pod deleted and each drain pod appear, and each
+/// drain pod's creation time (the API server's, set as the create arrives, before the webhook
+/// holds it; whole seconds). A create that waited for another's answer arrives 8 s after that
+/// one arrived at least; one sent beside it, within the reaction of its pod going.
 /// (The drain pods' slots are counted with the creates in flight: see
 /// `ordered_ready_scale_to_zero_drains_one_at_a_time_highest_first`.)
 #[tokio::test]
@@ -128,25 +128,33 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
     wait_running(&ns, &pod_names("web", 0..3)).await?;
 
     // Each stateful pod's deletion as this watch sees it (the test's clock, which is the API
-    // server's: one machine), and each drain pod, by UID, with its name and creation time (whole
-    // seconds, truncated).
+    // server's: one machine); each drain pod, by UID: its name, its creation time and when this
+    // watch first saw it. The watch is listed before the scale-down, so no deletion falls
+    // between its list and its watch.
+    #[derive(Debug, Clone)]
+    struct Drain {
+        name: String,
+        created: Timestamp,
+        seen: Timestamp,
+    }
     type Gone = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Timestamp>>>;
-    type Created =
-        std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, (String, Timestamp)>>>;
-    let (gone, created): (Gone, Created) = Default::default();
+    type Drains = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Drain>>>;
+    let (gone, seen, listed): (Gone, Drains, std::sync::Arc<std::sync::atomic::AtomicU32>) =
+        Default::default();
     let watch = {
         use futures::StreamExt;
         use kube::runtime::watcher::{self, Event};
         let pods = watcher::watcher(ns.api::<Pod>(), Default::default());
-        let (gone, created) = (gone.clone(), created.clone());
+        let (gone, seen, listed) = (gone.clone(), seen.clone(), listed.clone());
         tokio::spawn(pods.for_each(move |event| {
+            let now = Timestamp::now();
             match event {
+                Ok(Event::InitDone) => {
+                    listed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
                 Ok(Event::Delete(p)) if !is_drain_pod(&p) => {
                     if let Some(name) = p.metadata.name {
-                        gone.lock()
-                            .expect("seen")
-                            .entry(name)
-                            .or_insert(Timestamp::now());
+                        gone.lock().expect("seen").entry(name).or_insert(now);
                     }
                 }
                 Ok(Event::Apply(p) | Event::Delete(p) | Event::InitApply(p))
@@ -157,11 +165,11 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
                         p.metadata.name,
                         p.metadata.creation_timestamp,
                     ) {
-                        created
-                            .lock()
-                            .expect("seen")
-                            .entry(uid)
-                            .or_insert((name, at.0));
+                        seen.lock().expect("seen").entry(uid).or_insert(Drain {
+                            name,
+                            created: at.0,
+                            seen: now,
+                        });
                     }
                 }
                 _ => {}
@@ -169,50 +177,74 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
             std::future::ready(())
         }))
     };
+    wait_for(T, "the test's pod watch to list", || async {
+        Ok(listed.load(std::sync::atomic::Ordering::SeqCst) > 0)
+    })
+    .await?;
     scale(&ns, "web", 0).await?;
     for o in 0..3 {
         wait_claim_gone(&ns, &format!("data-web-{o}"), T).await?;
     }
     watch.abort();
-    let (gone, created) = (
-        gone.lock().expect("seen").clone(),
-        created.lock().expect("seen").clone(),
-    );
     anyhow::ensure!(
-        created.len() == 3,
-        "three drain pods, once each: {created:?}"
+        listed.load(std::sync::atomic::Ordering::SeqCst) == 1,
+        "the test's pod watch listed again mid-run (a deletion may be missed): inconclusive"
     );
+    let (gone, seen) = (
+        gone.lock().expect("seen").clone(),
+        seen.lock().expect("seen").clone(),
+    );
+    anyhow::ensure!(seen.len() == 3, "three drain pods, once each: {seen:?}");
+    // (ordinal, pod gone, drain pod's creation time, gone -> created)
     let mut drains = Vec::new();
     for o in 0..3 {
         let name = format!("web-{o}");
-        let (Some(went), Some((_, at))) =
-            (gone.get(&name), created.values().find(|(n, _)| *n == name))
+        let (Some(went), Some(drain)) = (gone.get(&name), seen.values().find(|d| d.name == name))
         else {
-            anyhow::bail!("not seen: {name} going or its drain pod ({gone:?}, {created:?})");
+            anyhow::bail!("not seen: {name} going or its drain pod ({gone:?}, {seen:?})");
         };
-        drains.push((o, *went, at.duration_since(*went)));
+        // The webhook held the create: it appeared 8 s after it arrived (7 s, truncated).
+        let held = drain.seen.duration_since(drain.created);
+        anyhow::ensure!(
+            held >= SignedDuration::from_secs(7),
+            "the drain pod {name} appeared {held:?} after its create arrived: the webhook did \
+             not hold it, so the run shows nothing"
+        );
+        drains.push((o, *went, drain.created, drain.created.duration_since(*went)));
     }
-    eprintln!("drains (ordinal, stateful pod gone, gone -> drain pod created): {drains:?}");
-    // At least two stateful pods went within 3 s of each other, so one went while the other's
-    // create hung: else the run shows nothing (Parallel: the pods go together).
-    let overlapped = drains.iter().any(|(a, ga, _)| {
-        drains
-            .iter()
-            .any(|(b, gb, _)| a < b && ga.duration_since(*gb).abs() <= SignedDuration::from_secs(3))
-    });
-    anyhow::ensure!(
-        overlapped,
-        "no two stateful pods went within 3 s of each other, so none went while another's \
-         create hung: {drains:?}"
+    eprintln!(
+        "drains (ordinal, stateful pod gone, drain pod created, gone -> created): {drains:?}"
     );
-    // Beside: the reaction, less up to 1 s of truncation. Waiting for a create that arrived
-    // when (or after) another pod went, at most 3 s before this one: 8 s less those 3, less
-    // the 1 s of truncation, so 4 s at least.
-    for (o, _, took) in &drains {
+    // Pairs where Y's pod went within 4 s of X's create arriving (its truncated time, so
+    // less than 4 s after the true one), while X's create was held: Y's create sent beside
+    // X's arrives within the reaction of Y's pod going, under 6 s after X's (truncated times);
+    // one that waited for X's answer arrives 8 s after X's at least (7, truncated).
+    let mut pairs = 0;
+    for (x, _, x_at, _) in &drains {
+        for (y, y_went, y_at, _) in &drains {
+            if x == y || y_at < x_at || *y_went >= *x_at + SignedDuration::from_secs(4) {
+                continue;
+            }
+            pairs += 1;
+            let apart = y_at.duration_since(*x_at);
+            anyhow::ensure!(
+                apart <= SignedDuration::from_secs(6),
+                "the pod of ordinal {y} went while the create of ordinal {x} was held, and its \
+                 drain pod was created {apart:?} after that one: it waited for the answer \
+                 (beside it, within the reaction): {drains:?}"
+            );
+        }
+    }
+    anyhow::ensure!(
+        pairs >= 1,
+        "no pod went while another's create was held, so the run shows nothing: {drains:?}"
+    );
+    // And each drain pod came within the reaction of its pod going (the truncation and the
+    // watch's own delay only make this smaller).
+    for (o, _, _, took) in &drains {
         anyhow::ensure!(
             *took < SignedDuration::from_secs(4),
-            "the drain pod of ordinal {o} was created {took:?} after its pod went: its create \
-             waited for another in flight: {drains:?}"
+            "the drain pod of ordinal {o} was created {took:?} after its pod went: {drains:?}"
         );
     }
     anyhow::ensure!(
