@@ -100,6 +100,9 @@ pub struct LeaseView {
     pub holder: Option<String>,
     /// `spec.renewTime`.
     pub renewed: Option<SystemTime>,
+    /// `spec.acquireTime`: set with the holder each time a replica takes the Lease, kept
+    /// while it renews.
+    pub acquired: Option<SystemTime>,
 }
 
 impl LeaseView {
@@ -109,6 +112,9 @@ impl LeaseView {
             holder: spec.and_then(|s| s.holder_identity.clone()),
             renewed: spec
                 .and_then(|s| s.renew_time.as_ref())
+                .map(|t| SystemTime::from(t.0)),
+            acquired: spec
+                .and_then(|s| s.acquire_time.as_ref())
                 .map(|t| SystemTime::from(t.0)),
         }
     }
@@ -132,6 +138,26 @@ pub fn may_act(
         && renewed
             .checked_add(renew_deadline)
             .is_some_and(|until| now < until)
+}
+
+/// One holding of the Lease by this replica: from the time it took the Lease to the time it
+/// loses it (the Lease's `acquireTime`; one tenure without election). Its fence may close
+/// and open again within one tenure (a renew seen late), but no other replica can have acted
+/// in between; after another tenure, another replica may have. See [`Leadership::fence`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tenure(Option<SystemTime>);
+
+/// The fence and the tenure, a pure function: the tenure in which `identity` may act at
+/// `now` ([`may_act`]), or `None` if it may not.
+pub fn tenure(
+    holds: bool,
+    lease: Option<&LeaseView>,
+    identity: &str,
+    renew_deadline: Duration,
+    now: SystemTime,
+) -> Option<Tenure> {
+    may_act(holds, lease, identity, renew_deadline, now)
+        .then(|| Tenure(lease.and_then(|l| l.acquired)))
 }
 
 /// The fence's inputs.
@@ -184,6 +210,23 @@ impl Leadership {
         let Some(s) = &self.shared else { return true };
         let inputs = s.inputs.lock().expect("leadership lock");
         may_act(
+            inputs.holds,
+            inputs.lease.as_ref(),
+            &s.identity,
+            s.renew_deadline,
+            SystemTime::now(),
+        )
+    }
+
+    /// The tenure in which this replica may act now, or `None` if it may not: the fence and
+    /// the Lease it rests on, read together. What a replica remembers of its own acts can be
+    /// trusted within one tenure; after another, another replica may have acted.
+    pub fn fence(&self) -> Option<Tenure> {
+        let Some(s) = &self.shared else {
+            return Some(Tenure::default());
+        };
+        let inputs = s.inputs.lock().expect("leadership lock");
+        tenure(
             inputs.holds,
             inputs.lease.as_ref(),
             &s.identity,
@@ -415,6 +458,7 @@ mod tests {
         LeaseView {
             holder: holder.map(str::to_owned),
             renewed: renewed_ago.map(|s| now - Duration::from_secs(s)),
+            acquired: None,
         }
     }
 
@@ -478,6 +522,7 @@ mod tests {
         let lease = LeaseView {
             holder: Some("a".into()),
             renewed: Some(t0),
+            acquired: Some(t0),
         };
         let skew = cfg.lease_duration - cfg.renew_deadline;
         let others_start = t0 + cfg.lease_duration - skew;
@@ -490,6 +535,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_tenure_outlasts_a_fence_that_closes_and_opens_but_not_another_acquire() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let deadline = Duration::from_secs(10);
+        let held = |acquired: u64, renewed: u64| LeaseView {
+            holder: Some("a".into()),
+            renewed: Some(t0 + Duration::from_secs(renewed)),
+            acquired: Some(t0 + Duration::from_secs(acquired)),
+        };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let first = tenure(true, Some(&held(0, 0)), "a", deadline, at(1)).expect("leads");
+        // The renew seen late: the fence closes, then opens with the next renew, same tenure.
+        assert_eq!(tenure(true, Some(&held(0, 0)), "a", deadline, at(11)), None);
+        assert_eq!(
+            tenure(true, Some(&held(0, 12)), "a", deadline, at(13)),
+            Some(first)
+        );
+        // Taken again (after another replica held it, or after it expired): a new tenure.
+        let again = tenure(true, Some(&held(40, 40)), "a", deadline, at(41)).expect("leads");
+        assert_ne!(again, first);
+        // Another holder: none.
+        let theirs = LeaseView {
+            holder: Some("b".into()),
+            ..held(40, 40)
+        };
+        assert_eq!(tenure(true, Some(&theirs), "a", deadline, at(41)), None);
+        // Without election, one tenure for ever.
+        assert_eq!(Leadership::always().fence(), Some(Tenure::default()));
     }
 
     fn config(lease: u64, renew: u64, retry: u64) -> ElectionConfig {

@@ -28,7 +28,7 @@ use crate::act::{
 use crate::identity::FIELD_MANAGER;
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
-use crate::runtime::leader::Leadership;
+use crate::runtime::leader::{Leadership, Tenure};
 use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recent::{self, Recent};
@@ -67,6 +67,9 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) id: SetId,
     /// The context, for the claim records written in the background.
     pub(super) ctx: Arc<Context>,
+    /// The tenure this act phase began in ([`Leadership::fence`]; one that may not act has
+    /// one that matches none), which its withdrawals are kept for.
+    pub(super) tenure: Tenure,
 }
 
 impl<'a, K: ServedSet> KubeCluster<'a, K> {
@@ -89,6 +92,7 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             retained: &ctx.retained,
             id: set_id(K::KIND, set),
             ctx: Arc::clone(ctx),
+            tenure: ctx.config.leadership.fence().unwrap_or_default(),
         }
     }
 }
@@ -199,7 +203,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
                 uid.to_owned(),
                 Withdrawal {
                     name: name.to_owned(),
-                    term: self.leadership.term(),
+                    tenure: self.tenure,
                 },
             )
         });

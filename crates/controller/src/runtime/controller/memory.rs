@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 
+use crate::runtime::leader::Tenure;
 use crate::set_kind::SetKind;
 
 /// One set's memory.
@@ -20,10 +21,10 @@ pub(super) struct SetMemory {
     /// the ordinal back in range): creates wait for the read until one confirms
     /// ([`Cluster::confirm_first`]).
     pub(super) unconfirmed: bool,
-    /// Drain pods whose withdrawal failed: UID → the pod's name and the term of leadership it
-    /// was created in ([`Cluster::withdraw_later`]). Carried out in that term only: after a
-    /// change of leader, another replica may have found the pod, recorded it and let its drain
-    /// run, so a replica that leads again judges it on its merits, as after a restart.
+    /// Drain pods whose withdrawal failed: UID → the pod's name and the tenure of the Lease it
+    /// was created in ([`Cluster::withdraw_later`]). Carried out in that tenure only: after
+    /// another, another replica may have found the pod, recorded it and let its drain run, so
+    /// a replica that leads again judges it on its merits, as after a restart.
     pub(super) withdrawing: BTreeMap<String, Withdrawal>,
     /// Pods made neither by the set nor by us that hold an ordinal's name: ordinal → UID
     /// ([`Cluster::name_taken`]); read again at each reconcile ([`recheck_taken`]).
@@ -36,7 +37,7 @@ pub(super) struct SetMemory {
 impl SetMemory {
     /// What is kept of a set that is gone: its pending withdrawals only. After `kubectl delete
     /// sts --cascade=orphan` the drain pod outlives its set, and the set recreated under the name
-    /// withdraws it at its first reconcile (by UID), where nothing else would (it is not the new
+    /// withdraws it at its first reconcile in the same tenure (by UID), where nothing else would (it is not the new
     /// set's drain pod, and holds the name of one of its pods).
     fn after_set_gone(self) -> Self {
         Self {
@@ -96,16 +97,16 @@ impl Memory {
 pub(super) struct Withdrawal {
     /// The pod's name.
     pub(super) name: String,
-    /// The term of leadership its create was sent in ([`Leadership::term`]).
+    /// The tenure its create was sent in ([`Leadership::fence`]).
     ///
-    /// [`Leadership::term`]: crate::runtime::leader::Leadership::term
-    pub(super) term: u64,
+    /// [`Leadership::fence`]: crate::runtime::leader::Leadership::fence
+    pub(super) tenure: Tenure,
 }
 
 impl SetMemory {
-    /// The withdrawals of `term`, having dropped those of earlier terms.
-    pub(super) fn withdrawals_of(&mut self, term: u64) -> BTreeMap<String, Withdrawal> {
-        self.withdrawing.retain(|_, w| w.term == term);
+    /// The withdrawals of `tenure`, having dropped those of any other.
+    pub(super) fn withdrawals_of(&mut self, tenure: Tenure) -> BTreeMap<String, Withdrawal> {
+        self.withdrawing.retain(|_, w| w.tenure == tenure);
         self.withdrawing.clone()
     }
 }
@@ -135,15 +136,31 @@ mod tests {
         (SetKind::StatefulSet, "ns".to_owned(), name.to_owned())
     }
 
-    fn withdrawal(name: &str, term: u64) -> Withdrawal {
+    fn tenure(n: u64) -> Tenure {
+        let lease = crate::runtime::leader::LeaseView {
+            holder: Some("a".to_owned()),
+            renewed: Some(std::time::SystemTime::now()),
+            acquired: Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(n)),
+        };
+        crate::runtime::leader::tenure(
+            true,
+            Some(&lease),
+            "a",
+            std::time::Duration::from_secs(10),
+            std::time::SystemTime::now(),
+        )
+        .expect("leads")
+    }
+
+    fn withdrawal(name: &str, n: u64) -> Withdrawal {
         Withdrawal {
             name: name.to_owned(),
-            term,
+            tenure: tenure(n),
         }
     }
 
     #[test]
-    fn a_withdrawal_is_carried_out_only_in_the_term_it_was_asked_in() {
+    fn a_withdrawal_is_carried_out_only_in_the_tenure_it_was_asked_in() {
         let memory = Memory::default();
         memory.update(&id("web"), |m| {
             m.withdrawing
@@ -151,14 +168,14 @@ mod tests {
             m.withdrawing
                 .insert("new".to_owned(), withdrawal("web-1", 2));
         });
-        let now = memory.update(&id("web"), |m| m.withdrawals_of(2));
+        let now = memory.update(&id("web"), |m| m.withdrawals_of(tenure(2)));
         assert_eq!(now.keys().collect::<Vec<_>>(), ["new"]);
-        // The earlier term's is forgotten, not kept for later.
+        // The other tenure's is forgotten, not kept for later.
         assert_eq!(memory.read(&id("web"), |m| m.withdrawing.len()), 1);
-        // A term after both: nothing left, and the entry that holds nothing is dropped.
+        // A tenure after both: nothing left, and the entry that holds nothing is dropped.
         assert!(
             memory
-                .update(&id("web"), |m| m.withdrawals_of(3))
+                .update(&id("web"), |m| m.withdrawals_of(tenure(3)))
                 .is_empty()
         );
         assert_eq!(memory.len(), 0);

@@ -67,16 +67,18 @@ pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> 
 /// are left.
 pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
     let leadership = &ctx.config.leadership;
-    let pending = ctx
-        .memory
-        .update(&id, |m| m.withdrawals_of(leadership.term()));
+    let Some(tenure) = leadership.fence() else {
+        // Not leading: whoever leads judges the pods.
+        return ctx.memory.read(&id, |m| !m.withdrawing.is_empty());
+    };
+    let pending = ctx.memory.update(&id, |m| m.withdrawals_of(tenure));
     if pending.is_empty() {
         return false;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
-    for (uid, Withdrawal { name, term }) in pending {
-        if !leadership.is_leading() || leadership.term() != term {
-            // Lost the lease meanwhile: whoever leads judges the pod.
+    for (uid, Withdrawal { name, .. }) in pending {
+        if leadership.fence() != Some(tenure) {
+            // Lost the Lease meanwhile: whoever leads judges the pods.
             break;
         }
         let done = match delete_pod(&pods, &ctx.metrics, &ctx.recent, &name, &uid, None).await {
@@ -144,11 +146,11 @@ pub(super) fn observe_set(
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
-    let term = ctx.config.leadership.term();
+    let tenure = ctx.config.leadership.fence();
     let withdrawing: std::collections::BTreeSet<String> =
         ctx.memory.read(&set_id(kind, set), |m| {
             (m.withdrawing.iter())
-                .filter(|(_, w)| w.term == term)
+                .filter(|(_, w)| Some(w.tenure) == tenure)
                 .map(|(uid, _)| uid.clone())
                 .collect()
         });
