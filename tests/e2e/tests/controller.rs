@@ -186,10 +186,6 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
         wait_claim_gone(&ns, &format!("data-web-{o}"), T).await?;
     }
     watch.abort();
-    anyhow::ensure!(
-        listed.load(std::sync::atomic::Ordering::SeqCst) == 1,
-        "the test's pod watch listed again mid-run (a deletion may be missed): inconclusive"
-    );
     let (gone, seen) = (
         gone.lock().expect("seen").clone(),
         seen.lock().expect("seen").clone(),
@@ -203,7 +199,8 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
         else {
             anyhow::bail!("not seen: {name} going or its drain pod ({gone:?}, {seen:?})");
         };
-        // The webhook held the create: it appeared 8 s after it arrived (7 s, truncated).
+        // The webhook held the create: it appeared 8 s after it arrived at least (the creation
+        // time is truncated, which only adds to this; 7 s leaves room for the hold's timer).
         let held = drain.seen.duration_since(drain.created);
         anyhow::ensure!(
             held >= SignedDuration::from_secs(7),
@@ -215,28 +212,33 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
     eprintln!(
         "drains (ordinal, stateful pod gone, drain pod created, gone -> created): {drains:?}"
     );
-    // Pairs where Y's pod went within 4 s of X's create arriving (its truncated time, so
-    // less than 4 s after the true one), while X's create was held: Y's create sent beside
-    // X's arrives within the reaction of Y's pod going, under 6 s after X's (truncated times);
-    // one that waited for X's answer arrives 8 s after X's at least (7, truncated).
-    let mut pairs = 0;
+    // Pairs (X, Y), Y's create arriving no earlier than X's, where Y's pod went less than 4 s
+    // after X's create arrived (X's truncated creation time plus 4 s: less than 4 s after the
+    // true one). Y's create, had it waited for X's answer, arrives 8 s after X's at least: 8 s
+    // apart in truncated times too. Sent beside it, it arrives within the reaction of Y's pod
+    // going: less than 4 s and the reaction after X's. A pair where Y's pod went after X's
+    // create arrived (truncated time plus 1 s) is one where it went while X's was held: at
+    // least one such pair, or the run shows nothing.
+    let (mut held_pairs, second) = (0, SignedDuration::from_secs(1));
     for (x, _, x_at, _) in &drains {
         for (y, y_went, y_at, _) in &drains {
-            if x == y || y_at < x_at || *y_went >= *x_at + SignedDuration::from_secs(4) {
+            if x == y || y_at < x_at || *y_went >= *x_at + 4 * second {
                 continue;
             }
-            pairs += 1;
+            if *y_went >= *x_at + second {
+                held_pairs += 1;
+            }
             let apart = y_at.duration_since(*x_at);
             anyhow::ensure!(
-                apart <= SignedDuration::from_secs(6),
-                "the pod of ordinal {y} went while the create of ordinal {x} was held, and its \
-                 drain pod was created {apart:?} after that one: it waited for the answer \
-                 (beside it, within the reaction): {drains:?}"
+                apart < 8 * second,
+                "the pod of ordinal {y} went less than 4 s after the create of ordinal {x} \
+                 arrived, and its drain pod was created {apart:?} after that one: it waited for \
+                 the answer (beside it, within the reaction): {drains:?}"
             );
         }
     }
     anyhow::ensure!(
-        pairs >= 1,
+        held_pairs >= 1,
         "no pod went while another's create was held, so the run shows nothing: {drains:?}"
     );
     // And each drain pod came within the reaction of its pod going (the truncation and the
