@@ -67,14 +67,19 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) id: SetId,
     /// The context, for the claim records written in the background.
     pub(super) ctx: Arc<Context>,
-    /// The tenure this act phase began in ([`Leadership::fence`]; one that may not act has
-    /// one that matches none), which its withdrawals are kept for.
+    /// The tenure of the Lease its reconcile was admitted in ([`Leadership::fence`]): it acts
+    /// only while this replica holds the Lease in it, and its withdrawals are kept for it.
     pub(super) tenure: Tenure,
 }
 
 impl<'a, K: ServedSet> KubeCluster<'a, K> {
     /// The seam for one reconcile of `set`, in its namespace.
-    pub(super) fn new(ctx: &'a Arc<Context>, set: &StatefulSet, set_ref: ObjectReference) -> Self {
+    pub(super) fn new(
+        ctx: &'a Arc<Context>,
+        set: &StatefulSet,
+        set_ref: ObjectReference,
+        tenure: Tenure,
+    ) -> Self {
         let ns = set.namespace().unwrap_or_default();
         Self {
             sets: Api::<K>::namespaced(ctx.client.clone(), &ns),
@@ -92,7 +97,7 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             retained: &ctx.retained,
             id: set_id(K::KIND, set),
             ctx: Arc::clone(ctx),
-            tenure: ctx.config.leadership.fence().unwrap_or_default(),
+            tenure,
         }
     }
 }
@@ -164,7 +169,7 @@ impl<K: ServedSet> KubeCluster<'_, K> {
 
 impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     fn may_act(&self) -> bool {
-        self.leadership.is_leading()
+        self.leadership.fence() == Some(self.tenure)
     }
 
     fn confirm_first(&self) -> bool {

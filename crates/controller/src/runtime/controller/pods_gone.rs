@@ -45,6 +45,7 @@ use super::snapshot::observe_set;
 
 use crate::act::{self, ActCtx, ActError};
 use crate::plan::{self, Action};
+use crate::runtime::leader::Tenure;
 use crate::runtime::watch::SetKey;
 use crate::set_kind::ServedSet;
 
@@ -135,6 +136,8 @@ pub(super) struct Replan<'a> {
     /// The snapshot's `reserved` and `also_held`, as the reconcile set them.
     pub(super) reserved: &'a BTreeSet<i32>,
     pub(super) also_held: &'a Option<drain_api::names::OrdinalRange>,
+    /// The tenure of the Lease the reconcile was admitted in.
+    pub(super) tenure: Tenure,
 }
 
 type Round<'a> = Pin<Box<dyn Future<Output = Vec<(i32, ActError)>> + Send + 'a>>;
@@ -243,7 +246,12 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
                 rounds.push(Box::pin(async move {
                     // A seam of its own: its own live read of the set, beside its creates.
                     let cluster =
-                        KubeCluster::<K>::new(replan.ctx, replan.set, replan.set_ref.clone());
+                        KubeCluster::<K>::new(
+                            replan.ctx,
+                            replan.set,
+                            replan.set_ref.clone(),
+                            replan.tenure,
+                        );
                     act::apply(&cluster, act_ctx, &new).await
                 }));
             }
@@ -258,7 +266,7 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
 }
 
 fn cluster_may_act(replan: &Replan<'_>) -> bool {
-    replan.ctx.config.leadership.is_leading()
+    replan.ctx.config.leadership.fence() == Some(replan.tenure)
 }
 
 /// What a plan made now from the caches (with the creates in flight shown as Pending drain
@@ -268,7 +276,7 @@ fn actions_meanwhile<K: ServedSet>(replan: &Replan<'_>, acted: &BTreeSet<i32>) -
     let ctx = replan.ctx;
     let id = set_id(K::KIND, replan.set);
     let unconfirmed = ctx.memory.read(&id, |m| m.unconfirmed);
-    let mut snap = observe_set(ctx, K::KIND, replan.set, false);
+    let mut snap = observe_set(ctx, K::KIND, replan.set, false, replan.tenure);
     snap.reserved = replan.reserved.clone();
     snap.also_held = replan.also_held.clone();
     let taken: BTreeSet<i32> = ctx.memory.read(&id, |m| m.taken.keys().copied().collect());

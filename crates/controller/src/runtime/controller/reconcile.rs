@@ -20,6 +20,7 @@ use super::queue::Requeue;
 use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
 
 use crate::act::{ActCtx, ActError, EventSpec, Severity};
+use crate::runtime::leader::Tenure;
 use crate::runtime::watch;
 use crate::set_kind::{self, ServedSet, SetKind};
 use crate::status::StatusReport;
@@ -49,8 +50,8 @@ pub(super) async fn reconcile<K: ServedSet>(
         info_span!("reconcile", statefulset = %name, namespace = %ns, kind = K::KIND.label());
     async move {
         debug!("reconcile started");
-        let (set, set_ref, range, withdrawals_left) = match admit(&ctx, &*obj, set).await? {
-            Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left),
+        let (set, set_ref, range, withdrawals_left, tenure) = match admit(&ctx, &*obj, set).await? {
+            Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left, a.tenure),
             Err(requeue) => return Ok(requeue),
         };
         // From before the pod and claim caches are read: what changes while this reconcile
@@ -65,7 +66,7 @@ pub(super) async fn reconcile<K: ServedSet>(
         let valid = checked.valid();
 
         // observe
-        let mut snap = observe_set(&ctx, K::KIND, &set, !opted_in(&set));
+        let mut snap = observe_set(&ctx, K::KIND, &set, !opted_in(&set), tenure);
         recheck_taken(&ctx, set_id(K::KIND, &set), &ns, &mut snap).await;
         snap.reserved = range.reserved;
         snap.also_held = obj.start_fallback();
@@ -79,7 +80,7 @@ pub(super) async fn reconcile<K: ServedSet>(
         }
 
         // act
-        let cluster = KubeCluster::<K>::new(&ctx, &set, set_ref.clone());
+        let cluster = KubeCluster::<K>::new(&ctx, &set, set_ref.clone(), tenure);
         let act_ctx = ActCtx {
             set_name: &name,
             replicas: snap.replicas,
@@ -104,6 +105,7 @@ pub(super) async fn reconcile<K: ServedSet>(
             settings: &checked.settings,
             reserved: &snap.reserved,
             also_held: &snap.also_held,
+            tenure,
         };
         let carried =
             act_while_pods_go(&replan, &listening, &cluster, &act_ctx, &plan.actions).await;
@@ -141,6 +143,9 @@ pub(super) struct Admitted {
     pub(super) range: drain_api::names::OrdinalRange,
     /// Whether withdrawals of drain pods are still pending (plan again soon).
     pub(super) withdrawals_left: bool,
+    /// The tenure of the Lease it was admitted in: it is planned with that tenure's memory, and
+    /// acts only while this replica still holds the Lease in it.
+    pub(super) tenure: Tenure,
 }
 
 /// Whether the set is planned at all now, before anything is read for it: not while it is
@@ -166,11 +171,11 @@ pub(super) async fn admit<K: ServedSet>(
         debug!("not opted in and nothing in flight; nothing to do");
         return Ok(Err(Requeue::await_change()));
     }
-    if !ctx.config.leadership.is_leading() {
+    let Some(tenure) = ctx.config.leadership.fence() else {
         // A standby: the leader acts; becoming the leader reconciles every set.
         debug!("not the leader; standing by");
         return Ok(Err(Requeue::await_change()));
-    }
+    };
     // Read our own last status write even if the cache has not seen it yet.
     let set = match ctx.status.overlay(&set) {
         Some(fresher) => Arc::new(fresher),
@@ -185,7 +190,7 @@ pub(super) async fn admit<K: ServedSet>(
         return Ok(Err(Requeue::after(Duration::from_secs(2))));
     }
     // Before anything that may end the reconcile early (a name clash among them).
-    let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set)).await;
+    let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set), tenure).await;
     let set_ref = set_reference(K::KIND, &set);
     if let Some(twin) = ctx.twin_cached(K::KIND, &ns, &name) {
         // Pods and claims named `<name>-<ordinal>` could be either set's: none is drained.
@@ -230,6 +235,7 @@ pub(super) async fn admit<K: ServedSet>(
         set_ref,
         range,
         withdrawals_left,
+        tenure,
     }))
 }
 

@@ -16,6 +16,7 @@ use super::context::Context;
 use super::memory::{SetId, Withdrawal, set_id};
 
 use crate::act::Deleted;
+use crate::runtime::leader::Tenure;
 use crate::runtime::meta_cache::{ClaimEntry, version_of};
 use crate::set_kind::SetKind;
 use crate::{observe, plan};
@@ -65,12 +66,8 @@ pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> 
 /// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or
 /// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
 /// are left.
-pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId) -> bool {
+pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId, tenure: Tenure) -> bool {
     let leadership = &ctx.config.leadership;
-    let Some(tenure) = leadership.fence() else {
-        // Not leading: whoever leads judges the pods.
-        return ctx.memory.read(&id, |m| !m.withdrawing.is_empty());
-    };
     let pending = ctx.memory.update(&id, |m| m.withdrawals_of(tenure));
     if pending.is_empty() {
         return false;
@@ -105,6 +102,7 @@ pub(super) fn observe_set(
     kind: SetKind,
     set: &StatefulSet,
     only_in_flight: bool,
+    tenure: Tenure,
 ) -> plan::Snapshot {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
@@ -146,11 +144,10 @@ pub(super) fn observe_set(
         drain_pods.iter().map(|p| p.as_ref()),
         others.iter(),
     );
-    let tenure = ctx.config.leadership.fence();
     let withdrawing: std::collections::BTreeSet<String> =
         ctx.memory.read(&set_id(kind, set), |m| {
             (m.withdrawing.iter())
-                .filter(|(_, w)| Some(w.tenure) == tenure)
+                .filter(|(_, w)| w.tenure == tenure)
                 .map(|(uid, _)| uid.clone())
                 .collect()
         });
