@@ -107,7 +107,8 @@ async fn scale_down_drains_with_a_pod_of_the_same_name_then_deletes_claim_and_po
 /// The pods of a scale-down go one after another, and a drain pod's create can take long (here
 /// an admission webhook holds each for 8 s): the drain pods of the pods that go while a create
 /// is in flight are created beside it, not after it. The three pods of a Parallel set stop 0,
-/// 1 and 2 s after their SIGTERM. Judged from facts the controller does not make: the instant
+/// 2 and 4 s after their SIGTERM, so some pod goes while another's create is held whatever
+/// the reaction, up to 3 s. Judged from facts the controller does not make: the instant
 /// the test's own watch sees each stateful pod deleted and each drain pod appear, and each
 /// drain pod's creation time (the API server's, set as the create arrives, before the webhook
 /// holds it; whole seconds). A create that waited for another's answer arrives 8 s after that
@@ -123,7 +124,7 @@ async fn drain_pods_of_pods_that_go_while_a_create_hangs_are_created_beside_it()
     let controller = ControllerProcess::start(&ns.name, &[]);
     let set = drain_set("web", "true")
         .parallel()
-        .script("echo $HOSTNAME > /data/owner; trap 'sleep ${HOSTNAME##*-}; exit 0' TERM");
+        .script("echo $HOSTNAME > /data/owner; trap 'sleep $((2 * ${HOSTNAME##*-})); exit 0' TERM");
     start_set(&ns, &set).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
 
