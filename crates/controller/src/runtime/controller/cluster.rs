@@ -388,6 +388,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             ordinal,
             claims: claims.to_vec(),
             annotations: annotations.clone(),
+            tenure: self.tenure,
         };
         // Tracked: a stop waits for it, within its grace (`run_scope`).
         self.ctx
@@ -498,11 +499,13 @@ struct Record {
     ordinal: i32,
     claims: Vec<ClaimRef>,
     annotations: BTreeMap<String, Option<String>>,
+    /// The tenure of the Lease it was planned in: written only while it lasts.
+    tenure: Tenure,
 }
 
 impl Record {
-    /// Writes the record to each claim in turn, the leader only, holding the claims' `gates`,
-    /// and stops at the first claim that is gone or was replaced, or at the first failure: the
+    /// Writes the record to each claim in turn, only while the tenure it was planned in lasts,
+    /// holding the claims' `gates`, and stops at the first claim that is gone or was replaced, or at the first failure: the
     /// claims not written are no longer read as written, the writes queued behind them are not
     /// sent ([`Patched::Stale`]: they were planned from the record as written), and the set is
     /// planned again (a failure is a Warning Event and a log line first). The planner then sees
@@ -515,7 +518,7 @@ impl Record {
         // reconciles read this record as written meanwhile.
         ctx.urgency.after_urgent().await;
         for (i, c) in self.claims.iter().enumerate() {
-            let stop = if ctx.config.leadership.is_leading() {
+            let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
                 let patched = patch_claim(
                     &self.claims_api,
                     &ctx.metrics,
