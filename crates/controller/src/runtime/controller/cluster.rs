@@ -505,11 +505,11 @@ struct Record {
 
 impl Record {
     /// Writes the record to each claim in turn, only while the tenure it was planned in lasts,
-    /// holding the claims' `gates`, and stops at the first claim that is gone or was replaced, or at the first failure: the
-    /// claims not written are no longer read as written, the writes queued behind them are not
-    /// sent ([`Patched::Stale`]: they were planned from the record as written), and the set is
-    /// planned again (a failure is a Warning Event and a log line first). The planner then sees
-    /// the drain pod unrecorded and records it again.
+    /// holding the claims' `gates`, and stops at the first claim that is gone or was replaced,
+    /// or at the first failure: the claims not written are no longer read as written, the
+    /// writes queued behind them are not sent ([`Patched::Stale`]: they were planned from the
+    /// record as written), and the set is planned again (a failure is a Warning Event and a log
+    /// line first). The planner then sees the drain pod unrecorded and records it again.
     async fn write(self, mut gates: BTreeMap<String, recent::Entered>) {
         let ns = self.set.namespace.clone().unwrap_or_default();
         let set_name = self.set.name.clone().unwrap_or_default();

@@ -37,8 +37,8 @@ pub(super) struct SetMemory {
 impl SetMemory {
     /// What is kept of a set that is gone: its pending withdrawals only. After `kubectl delete
     /// sts --cascade=orphan` the drain pod outlives its set, and the set recreated under the name
-    /// withdraws it at its first reconcile in the same tenure (by UID), where nothing else would (it is not the new
-    /// set's drain pod, and holds the name of one of its pods).
+    /// withdraws it at its first reconcile in the same tenure (by UID), where nothing else would
+    /// (it is not the new set's drain pod, and holds the name of one of its pods).
     fn after_set_gone(self) -> Self {
         Self {
             withdrawing: self.withdrawing,
