@@ -207,15 +207,7 @@ impl Leadership {
 
     /// Whether this replica may act now (checked right before each write).
     pub fn is_leading(&self) -> bool {
-        let Some(s) = &self.shared else { return true };
-        let inputs = s.inputs.lock().expect("leadership lock");
-        may_act(
-            inputs.holds,
-            inputs.lease.as_ref(),
-            &s.identity,
-            s.renew_deadline,
-            SystemTime::now(),
-        )
+        self.fence().is_some()
     }
 
     /// The tenure in which this replica may act now, or `None` if it may not: the fence and
