@@ -144,7 +144,7 @@ pub trait Cluster: Sync {
         std::future::ready(false)
     }
     /// Whether `ordinal` is still outside the set's range, read live from the API server (a
-    /// guard against a stale cache, read alongside a drain pod's create); `false` if the set is
+    /// guard against a stale cache, read right after a drain pod's create); `false` if the set is
     /// gone, was replaced or is being deleted.
     fn still_orphaned(
         &self,
@@ -171,7 +171,7 @@ pub trait Cluster: Sync {
         true
     }
     /// Whether a drain pod's create must wait for the live read ([`Cluster::still_orphaned`])
-    /// instead of going out alongside it: while the set's last read did not confirm a drain pod
+    /// instead of going out before it: while the set's last read did not confirm a drain pod
     /// (it failed, or the cache lagged a scale-up or a set of the other kind: a create would
     /// only be withdrawn, and its pod's events would retry it at once).
     fn confirm_first(&self) -> bool {

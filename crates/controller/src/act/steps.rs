@@ -225,8 +225,8 @@ pub(super) async fn clear_record<C: Cluster>(
 /// UID on the claims (in the background where the seam can: [`Cluster::record_in_background`]).
 ///
 /// The live check that the ordinal is still out of range (a guard against a stale cache) runs
-/// alongside the create rather than before it: one round trip instead of two between a pod's
-/// going and its drain pod. A create the live set proves wrong, or cannot confirm, is withdrawn
+/// once the create has answered rather than before it: one round trip instead of two between a
+/// pod's going and its drain pod. A create the live set proves wrong, or cannot confirm, is withdrawn
 /// at once (deleted with its UID as the only precondition, its claims unrecorded), normally
 /// before the node starts it; had it started, it would be a drain stopped by a delete, not a
 /// success. A withdrawal that fails is left to the set's next reconciles
@@ -262,11 +262,15 @@ pub(super) async fn create_drain_pod<C: Cluster>(
         }
         (Ok(true), cluster.create_pod(&pod).await)
     } else {
-        // The create is polled first, so it goes out first and takes the connection that is
-        // warm (an HTTP/1.1 client has one request per connection; the read may need a new one).
-        let (created, orphaned) =
-            futures::join!(cluster.create_pod(&pod), cluster.still_orphaned(ordinal));
-        (orphaned.map_err(confirm), created)
+        // The create goes out alone and the read once it has answered: sent together, the read
+        // (a quorum read of etcd, 10–50 ms under a scale-down's load) competed with the create
+        // for the API server, etcd and the node's two cores and slowed it by a millisecond or
+        // two (issue 27). Read after the create, the set is at least as new as the pod.
+        let created = cluster.create_pod(&pod).await;
+        (
+            cluster.still_orphaned(ordinal).await.map_err(confirm),
+            created,
+        )
     };
     let created = match (created, &orphaned) {
         (Ok(created), _) => created,

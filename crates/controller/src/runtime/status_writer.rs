@@ -24,7 +24,7 @@ use crate::plan;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::{Metrics, ReasonLabels};
 use crate::runtime::status_memo::StatusMemo;
-use crate::runtime::urgency::Urgency;
+use crate::runtime::urgency::{REPORT_AT_MOST, Urgency};
 use crate::set_kind::SetKind;
 
 /// The set a status is written on.
@@ -183,7 +183,7 @@ impl Inner {
         let mut failures: (u64, u32) = (0, 0);
         loop {
             // After the urgent writes in flight; a status wanted meanwhile is the one written.
-            self.urgency.after_urgent().await;
+            self.urgency.after_urgent(REPORT_AT_MOST).await;
             let (job, wake) = {
                 let mut slots = self.slots.lock().expect("status writer lock");
                 let slot = slots.get_mut(&key);

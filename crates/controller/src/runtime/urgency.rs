@@ -1,48 +1,62 @@
 //! Urgent writes first: while a drain pod's create or a drained claim's delete is in flight,
 //! the writes that can wait (a new drain pod's record on its claims, the status annotations,
-//! Events) hold back until none is, for at most a bound.
+//! Events) hold back until none has been for a quiet spell, for at most a bound.
 //!
 //! On a busy API server every request slows the others (the test machine's 2 cores run the API
 //! server, etcd and the node that is stopping the pods), and a reaction is measured by its
 //! create or its delete alone: a scale-down of ten pods used to send some fifty requests in
 //! half a second (each drain pod's create, live read, record, status and Events) where a bare
 //! reactor sends ten. Holding the others back until the creates have answered keeps those in
-//! the gaps between them (issue 27). Nothing that waits here decides anything: a record held
-//! back is shown to the reconciles as written meanwhile (`recent`), a status is a report, an
-//! Event a message; and the bound keeps a steady stream of urgent writes from holding them
-//! back for longer.
+//! the gaps between them (issue 27). The pods of a scale-down go tens to hundreds of
+//! milliseconds apart, so a write that went as soon as one create answered met the next one:
+//! a trace of the reaction benchmark showed four or five writes (the record, two Events, the
+//! status) sent the instant each create answered, still in flight when the next pod's create
+//! went. So they wait for a quiet spell ([`QUIET`]) after the last urgent write. Nothing that
+//! waits here decides anything: a record held back is shown to the reconciles as written
+//! meanwhile (`recent`), a status is a report, an Event a message; and the bounds keep a steady
+//! stream of urgent writes from holding them back for longer: [`RECORD_AT_MOST`] for a record
+//! (its claim's delete waits for it), [`REPORT_AT_MOST`] for a status or an Event.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// The longest a write that can wait is held back by urgent ones.
-pub const HOLD_AT_MOST: Duration = Duration::from_millis(250);
+/// How long no urgent write must have been in flight before the writes that can wait go.
+pub const QUIET: Duration = Duration::from_millis(100);
+
+/// The longest a drain pod's record is held back by urgent writes.
+pub const RECORD_AT_MOST: Duration = Duration::from_millis(250);
+
+/// The longest a status or an Event is held back by urgent writes.
+pub const REPORT_AT_MOST: Duration = Duration::from_secs(1);
 
 /// The urgent writes in flight, which the others wait for.
 #[derive(Debug)]
 pub struct Urgency {
     in_flight: AtomicUsize,
     none_in_flight: Notify,
-    at_most: Duration,
+    /// When the last urgent write answered (`None`: none yet).
+    last_answered: Mutex<Option<Instant>>,
+    quiet: Duration,
 }
 
 impl Default for Urgency {
     fn default() -> Self {
-        Self::new(HOLD_AT_MOST)
+        Self::new(QUIET)
     }
 }
 
 impl Urgency {
-    /// Writes that can wait are held back for at most `at_most`.
-    pub fn new(at_most: Duration) -> Self {
+    /// Writes that can wait go once no urgent write has been in flight for `quiet`.
+    pub fn new(quiet: Duration) -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
             none_in_flight: Notify::new(),
-            at_most,
+            last_answered: Mutex::new(None),
+            quiet,
         }
     }
 
@@ -57,10 +71,10 @@ impl Urgency {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    /// Resolves once no urgent write is in flight, or after the bound: to be awaited before a
-    /// write that can wait. Whether it was held back at all.
-    pub async fn after_urgent(&self) -> bool {
-        let until = Instant::now() + self.at_most;
+    /// Resolves once no urgent write has been in flight for the quiet spell, or after
+    /// `at_most`: to be awaited before a write that can wait. Whether it was held back at all.
+    pub async fn after_urgent(&self, at_most: Duration) -> bool {
+        let until = Instant::now() + at_most;
         let mut held = false;
         loop {
             let notified = self.none_in_flight.notified();
@@ -69,10 +83,21 @@ impl Urgency {
             // still wakes it.
             notified.as_mut().enable();
             if self.in_flight() == 0 {
-                return held;
+                let last = *self.last_answered.lock().expect("urgency lock");
+                let quiet_from = last.map_or_else(Instant::now, |at| at + self.quiet);
+                if Instant::now() >= quiet_from {
+                    return held;
+                }
+                held = true;
+                // An urgent write that starts and answers meanwhile moves the quiet spell on.
+                tokio::time::sleep_until(quiet_from.min(until)).await;
+            } else {
+                held = true;
+                if tokio::time::timeout_at(until, notified).await.is_err() {
+                    return held;
+                }
             }
-            held = true;
-            if tokio::time::timeout_at(until, notified).await.is_err() {
+            if Instant::now() >= until {
                 return held;
             }
         }
@@ -85,6 +110,7 @@ pub struct Urgent(Arc<Urgency>);
 
 impl Drop for Urgent {
     fn drop(&mut self) {
+        *self.0.last_answered.lock().expect("urgency lock") = Some(Instant::now());
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.none_in_flight.notify_waiters();
         }
@@ -95,59 +121,100 @@ impl Drop for Urgent {
 mod tests {
     use super::*;
 
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn waiter(u: &Arc<Urgency>, at_most: Duration) -> tokio::task::JoinHandle<(bool, Instant)> {
+        let u = Arc::clone(u);
+        tokio::spawn(async move {
+            let held = u.after_urgent(at_most).await;
+            (held, Instant::now())
+        })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn nothing_in_flight_holds_nothing_back() {
         let u = Arc::new(Urgency::default());
         let t0 = Instant::now();
-        assert!(!u.after_urgent().await);
+        assert!(!u.after_urgent(REPORT_AT_MOST).await);
         assert_eq!(Instant::now(), t0);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_write_that_can_wait_goes_once_the_urgent_ones_answered() {
-        let u = Arc::new(Urgency::default());
+    async fn a_write_that_can_wait_goes_a_quiet_spell_after_the_urgent_ones_answered() {
+        let u = Arc::new(Urgency::new(MS(100)));
         let (a, b) = (u.urgent(), u.urgent());
         let t0 = Instant::now();
-        let waiter = tokio::spawn({
-            let u = Arc::clone(&u);
-            async move {
-                assert!(u.after_urgent().await);
-                Instant::now()
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let w = waiter(&u, REPORT_AT_MOST);
+        tokio::time::sleep(MS(10)).await;
         drop(a);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(!waiter.is_finished(), "one is still in flight");
+        tokio::time::sleep(MS(10)).await;
+        assert!(!w.is_finished(), "one is still in flight");
         drop(b);
-        let went = waiter.await.unwrap();
-        assert_eq!(went - t0, Duration::from_millis(20));
+        tokio::time::sleep(MS(99)).await;
+        assert!(!w.is_finished(), "the quiet spell has not passed");
+        let (held, went) = w.await.unwrap();
+        assert!(held);
+        assert_eq!(went - t0, MS(120));
         assert_eq!(u.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_quiet_spell_already_passed_holds_nothing_back() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        drop(u.urgent());
+        tokio::time::sleep(MS(100)).await;
+        let t0 = Instant::now();
+        assert!(!u.after_urgent(REPORT_AT_MOST).await);
+        assert_eq!(Instant::now(), t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_write_in_the_quiet_spell_starts_it_again() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        drop(u.urgent());
+        let t0 = Instant::now();
+        let w = waiter(&u, REPORT_AT_MOST);
+        tokio::time::sleep(MS(60)).await;
+        let next = u.urgent();
+        tokio::time::sleep(MS(20)).await;
+        drop(next);
+        let (held, went) = w.await.unwrap();
+        assert!(held);
+        assert_eq!(went - t0, MS(180));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn urgent_writes_in_a_row_hold_it_back_for_the_bound_only() {
-        let u = Arc::new(Urgency::new(Duration::from_millis(250)));
+        let u = Arc::new(Urgency::new(MS(100)));
         let _forever = u.urgent();
         let t0 = Instant::now();
-        assert!(u.after_urgent().await);
-        assert_eq!(Instant::now() - t0, Duration::from_millis(250));
+        assert!(u.after_urgent(RECORD_AT_MOST).await);
+        assert_eq!(Instant::now() - t0, RECORD_AT_MOST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bound_cuts_the_quiet_spell_short() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        drop(u.urgent());
+        let t0 = Instant::now();
+        assert!(u.after_urgent(MS(30)).await);
+        assert_eq!(Instant::now() - t0, MS(30));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_new_urgent_write_before_it_woke_keeps_it_waiting() {
-        let u = Arc::new(Urgency::default());
+        let u = Arc::new(Urgency::new(MS(100)));
         let first = u.urgent();
-        let waiter = tokio::spawn({
-            let u = Arc::clone(&u);
-            async move { u.after_urgent().await }
-        });
+        let t0 = Instant::now();
+        let w = waiter(&u, REPORT_AT_MOST);
         tokio::task::yield_now().await;
         drop(first);
         let second = u.urgent();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!waiter.is_finished(), "an urgent write is in flight again");
+        tokio::time::sleep(MS(50)).await;
+        assert!(!w.is_finished(), "an urgent write is in flight again");
         drop(second);
-        assert!(waiter.await.unwrap());
+        let (held, went) = w.await.unwrap();
+        assert!(held);
+        assert_eq!(went - t0, MS(150));
     }
 }

@@ -180,7 +180,7 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
         lease_role["metadata"]["namespace"] == SYSTEM_NAMESPACE
             && lease_role["rules"]
                 == json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                           "verbs": ["get", "list", "watch", "create", "patch", "update"]}]),
+                           "verbs": ["get", "list", "watch", "create", "patch"]}]),
         "lease role {lease_role}"
     );
     let pdb = the(ha, "PodDisruptionBudget", NAME)?;
@@ -478,9 +478,11 @@ async fn runs_two_replicas_one_acting(
         &[
             &["get", "leases.coordination.k8s.io", "-n", own],
             &["watch", "leases.coordination.k8s.io", "-n", own],
-            &["update", "leases.coordination.k8s.io", "-n", own],
+            &["patch", "leases.coordination.k8s.io", "-n", own],
         ],
         &[
+            // The Lease is written by patches only: no replace.
+            &["update", "leases.coordination.k8s.io", "-n", own],
             &["get", "leases.coordination.k8s.io", "-n", "default"],
             &["list", "leases.coordination.k8s.io", "--all-namespaces"],
         ],

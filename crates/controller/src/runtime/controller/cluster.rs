@@ -33,7 +33,7 @@ use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recent::{self, Recent};
 use crate::runtime::status_writer::{Patcher, Target};
-use crate::runtime::urgency::Urgency;
+use crate::runtime::urgency::{RECORD_AT_MOST, REPORT_AT_MOST, Urgency};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -52,7 +52,7 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) metrics: &'a Metrics,
     pub(super) leadership: &'a Leadership,
     /// The live reads that confirm a drain pod's create (the set; whether a set of the other
-    /// kind has its name), made once per act phase, alongside the first create or before it: a
+    /// kind has its name), made once per act phase, after the first create answers or before it: a
     /// scale-down by several ordinals creates their drain pods at once, and one read serves them
     /// all (a failed read is not kept).
     pub(super) live: tokio::sync::OnceCell<(Option<K>, bool)>,
@@ -140,7 +140,7 @@ impl<K: ServedSet> KubeCluster<'_, K> {
         let (set, twin) = self
             .live
             .get_or_try_init(|| async {
-                // Both reads at once, alongside (or before) the drain pod's create.
+                // Both reads at once, after (or before) the drain pod's create.
                 let sent = std::time::Instant::now();
                 let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
                     match &self.twin {
@@ -516,7 +516,7 @@ impl Record {
         let ctx = &self.ctx;
         // After the urgent writes in flight (the next pods' creates of a scale-down): the
         // reconciles read this record as written meanwhile.
-        ctx.urgency.after_urgent().await;
+        ctx.urgency.after_urgent(RECORD_AT_MOST).await;
         for (i, c) in self.claims.iter().enumerate() {
             let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
                 let patched = patch_claim(
@@ -601,7 +601,7 @@ pub(super) fn publish(
     };
     let (events, reference) = (events.clone(), reference.clone());
     tokio::spawn(async move {
-        events.urgency.after_urgent().await;
+        events.urgency.after_urgent(REPORT_AT_MOST).await;
         if let Err(e) = events.recorder.publish(&ev, &reference).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
