@@ -206,7 +206,7 @@ async fn assert_unrecorded(ns: &TestNamespace, uid: &str) -> Result<()> {
 
 /// The controller run as the single-namespace install's account, with a Role that lacks `get`
 /// on statefulsets (an RBAC denial of the live read that confirms each drain pod): the drain pod
-/// created alongside the first read is withdrawn at once, unrecorded, with a `ReadFailed`
+/// created before the first read is withdrawn at once, unrecorded, with a `ReadFailed`
 /// Warning and a log line; the retries read first and create nothing; the claim stays. Once the
 /// Role is as shipped, the drain runs and deletes the claim. The rest of the shipped Role is
 /// enough: nothing else is forbidden.

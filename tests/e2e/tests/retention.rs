@@ -160,11 +160,18 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
         );
         ensure!(owner_on_disk(dir)? == pod, "{pv}: the data on disk");
     }
-    let retained_events = events(&ns, "VolumesRetained").await?;
     // One per ordinal: Events of the same reason on the set are not folded into one series.
+    // Events wait for a quiet spell after the claim deletes, so they may come after the claims go.
+    let named_both = |events: &[String]| {
+        events.iter().any(|e| e.contains(&pv1)) && events.iter().any(|e| e.contains(&pv2))
+    };
+    let waited = wait_for(T, "VolumesRetained events naming both volumes", || async {
+        Ok(named_both(&events(&ns, "VolumesRetained").await?))
+    })
+    .await;
+    let retained_events = events(&ns, "VolumesRetained").await?;
     ensure!(
-        retained_events.iter().any(|e| e.contains(&pv1))
-            && retained_events.iter().any(|e| e.contains(&pv2)),
+        waited.is_ok() && named_both(&retained_events),
         "VolumesRetained events name {pv1} and {pv2}: {retained_events:?}"
     );
 

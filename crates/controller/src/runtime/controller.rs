@@ -102,6 +102,7 @@ impl Context {
             events: Events {
                 recorder: Recorder::new(client.clone(), reporter),
                 urgency: Arc::clone(&urgency),
+                sending: tokio_util::task::TaskTracker::new(),
             },
             stateful_pods: secondary.stateful_pods,
             drain_pods: secondary.drain_pods,
@@ -348,13 +349,25 @@ async fn run_scope(
 }
 
 /// After the controllers stopped: waits for the writes they left in the background (new drain
-/// pods' records) until the stop's grace, counted from `began`, is over. Writes still on their
+/// pods' records, then Events) until the stop's grace, counted from `began`, is over. Writes still on their
 /// way then are reported as dropped reconciles (their requests may land after a new leader
 /// took over: the Lease is left to expire).
 async fn wait_background(ctx: &Context, began: Option<tokio::time::Instant>) -> Stopped {
     ctx.background.close();
+    ctx.events.sending.close();
     let until = began.unwrap_or_else(tokio::time::Instant::now) + ctx.config.stop_grace;
-    match tokio::time::timeout_at(until, ctx.background.wait()).await {
+    let waited = tokio::time::timeout_at(until, ctx.background.wait()).await;
+    // The Events held back for a quiet spell go too (nothing urgent is left to hold them).
+    if tokio::time::timeout_at(until, ctx.events.sending.wait())
+        .await
+        .is_err()
+    {
+        info!(
+            left = ctx.events.sending.len(),
+            "Events still being sent at the end of the stop's grace; dropped"
+        );
+    }
+    match waited {
         Ok(()) => Stopped::Clean,
         Err(_) => {
             warn!(

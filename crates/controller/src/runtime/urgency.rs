@@ -110,7 +110,12 @@ pub struct Urgent(Arc<Urgency>);
 
 impl Drop for Urgent {
     fn drop(&mut self) {
-        *self.0.last_answered.lock().expect("urgency lock") = Some(Instant::now());
+        {
+            // Read under the lock, so two answering at once never store the older instant.
+            let mut last = self.0.last_answered.lock().expect("urgency lock");
+            let now = Instant::now();
+            *last = Some(last.map_or(now, |before| before.max(now)));
+        }
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.none_in_flight.notify_waiters();
         }

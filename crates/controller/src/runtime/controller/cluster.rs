@@ -570,11 +570,13 @@ impl Record {
     }
 }
 
-/// What Events are published with: the recorder, and the urgent writes they wait for.
+/// What Events are published with: the recorder, the urgent writes they wait for, and the
+/// Events on their way (a stop waits for them within its grace).
 #[derive(Clone)]
 pub(super) struct Events {
     pub(super) recorder: Recorder,
     pub(super) urgency: Arc<Urgency>,
+    pub(super) sending: tokio_util::task::TaskTracker,
 }
 
 /// Publishes an Event in the background, after the urgent writes in flight ([`Urgency`]):
@@ -600,7 +602,7 @@ pub(super) fn publish(
         secondary: None,
     };
     let (events, reference) = (events.clone(), reference.clone());
-    tokio::spawn(async move {
+    events.sending.clone().spawn(async move {
         events.urgency.after_urgent(REPORT_AT_MOST).await;
         if let Err(e) = events.recorder.publish(&ev, &reference).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");

@@ -244,7 +244,7 @@ pub(super) async fn act_while_pods_go<K: ServedSet>(
                 acted.extend(new.iter().map(Action::ordinal));
                 all.extend(new.iter().cloned());
                 rounds.push(Box::pin(async move {
-                    // A seam of its own: its own live read of the set, beside its creates.
+                    // A seam of its own: its own live read of the set, after its creates.
                     let cluster =
                         KubeCluster::<K>::new(
                             replan.ctx,
