@@ -255,7 +255,6 @@ async fn main() -> Result<()> {
     let pod_baseline = ctl.watches.pod_baseline(&ctl.ns, 100).await?;
 
     let controller = ControllerProcess::start_named(&ctl.ns.name, "bench", &[]);
-    let _floor = Floor::start(&floor.ns.name, "web", &template, "data").await?;
     let opted_in = SetBuilder::new("web")
         .replicas(replicas)
         .parallel()
@@ -266,6 +265,8 @@ async fn main() -> Result<()> {
         &SetBuilder::new("web").replicas(replicas).parallel(),
     )
     .await?;
+    // Started once its set exists: it builds its drain pods from the set, as the controller.
+    let _floor = Floor::start(&floor.ns.name, "web", &template, "data").await?;
     // The PoC's cleanup pod: the same program, restarted on failure as it requires.
     let poc_template =
         drain_template_without_record("true", &["data"], json!({"restartPolicy": "OnFailure"}));
