@@ -317,7 +317,7 @@ async fn main() -> Result<()> {
     let (cc, fc) = (c.cleanups(&all), f.cleanups(&all));
     let mut report = vec![
         format!(
-            "reaction latency: the controller, the floor (a minimal drain controller) and the 2018 PoC on triplet sets of {replicas}, \
+            "reaction latency: the controller, the floor (a minimal drain controller creating the controller's own drain pod) and the 2018 PoC on triplet sets of {replicas}, \
              taking turns: {bursts} bursts (scaled to 0), {singles} singles (scaled down by one), \
              {idle_cycles} singles after {} s idle, per side; {} on {}",
             idle.as_secs(),

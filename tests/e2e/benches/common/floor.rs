@@ -12,9 +12,9 @@
 //! as a separate program's would, and its pods run like drain pods (the same load on the node).
 //!
 //! Until 2026-11-28 it created a bare pod (the template with a name, a label, the hostname and
-//! the claim): under the benchmark's load the API server took a median 2.6 ms longer to store
-//! the controller's larger pod than that one (its audit log, 32 creates a side), which measured
-//! the pod's size against the controller's reaction.
+//! the claim): under the benchmark's load the API server took a median 2.6 ms longer over the
+//! controller's larger pod than over that one (its audit log, 32 creates a side; admission,
+//! validation and storing), part of which was the pod's size counted against the reaction.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, anyhow};
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use drain_api::labels::{DRAIN_POD, STATEFUL_POD_NAME};
+use drain_api::names;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -29,6 +30,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
 use statefulset_drain_controller::config::DrainConfig;
+use statefulset_drain_controller::identity::FIELD_MANAGER;
 use statefulset_drain_controller::template::{DrainPodInput, DrainTemplate, validate};
 
 /// The running floor reactor; stops when dropped.
@@ -39,8 +41,8 @@ pub struct Floor {
 
 impl Floor {
     /// Starts reacting to the stateful pods of the set `set` in `namespace` (which must exist:
-    /// it is read once, here), with a client of its own, and waits until its watches have
-    /// listed the namespace. `template` is a drain pod template's JSON (the annotation's value),
+    /// it is read once, here), with a client of its own, and waits until its watches (pods and
+    /// claims) have listed the namespace. `template` is a drain pod template's JSON (the annotation's value),
     /// `claim` the name of the claim template.
     pub async fn start(namespace: &str, set: &str, template: &str, claim: &str) -> Result<Self> {
         let client = own_client().await?;
@@ -56,6 +58,13 @@ impl Floor {
                 .reflect(writer)
                 .for_each(|_| async {}),
         );
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            claim_store.wait_until_ready(),
+        )
+        .await
+        .context("the floor's claim watch listed the namespace")?
+        .context("the floor's claim watch ended")?;
         let (synced_tx, synced) = tokio::sync::oneshot::channel();
         let (set, claim) = (set.to_owned(), claim.to_owned());
         let task = tokio::spawn(async move {
@@ -72,7 +81,7 @@ impl Floor {
                         }
                     }
                     watcher::Event::Delete(p) if is_stateful_of(&p, &set) => {
-                        let Some(ordinal) = ordinal_of(&p.name_any(), &set) else {
+                        let Some(ordinal) = names::parse_pod_name(&p.name_any(), &set) else {
                             continue;
                         };
                         let name = drain.claim_name(&claim, ordinal);
@@ -80,18 +89,30 @@ impl Floor {
                             .state()
                             .iter()
                             .find(|c| c.name_any() == name)
-                            .and_then(|c| c.uid())
-                            .unwrap_or_default();
+                            .and_then(|c| c.uid());
+                        if uid.is_none() {
+                            eprintln!(
+                                "floor: no claim {name} in its watch; the record names no UID"
+                            );
+                        }
+                        let uid = uid.unwrap_or_default();
                         let pod = drain.pod(&DrainPodInput {
                             ordinal,
-                            // What a scale-down by one leaves; it reads nothing to know more.
+                            // What a scale-down by one leaves (a burst to 0 leaves 0: a digit
+                            // or two more, no other difference); it reads nothing to know more.
                             replicas: ordinal,
                             claims: BTreeMap::from([(claim.clone(), (name, uid))]),
                         });
                         let api = pods.clone();
                         tokio::spawn(async move {
+                            // The controller's field manager: the same request, byte for byte
+                            // but for the UIDs and the replicas.
+                            let pp = PostParams {
+                                field_manager: Some(FIELD_MANAGER.to_owned()),
+                                ..PostParams::default()
+                            };
                             let sent = std::time::Instant::now();
-                            let _ = api.create(&PostParams::default(), &pod).await;
+                            let _ = api.create(&pp, &pod).await;
                             super::trace_took("floor-create", &pod.name_any(), sent);
                         });
                     }
@@ -158,9 +179,4 @@ fn drain_template(set: &StatefulSet, template: &str) -> Result<DrainTemplate> {
         .insert(DRAINER_POD_TEMPLATE.to_owned(), template.to_owned());
     let config = DrainConfig::from_set(&set).map_err(|e| anyhow!("the drain settings: {e}"))?;
     validate(&set, &config).map_err(|e| anyhow!("the drain template: {e:?}"))
-}
-
-/// The ordinal of the stateful pod `name` of `set` (`<set>-<ordinal>`).
-fn ordinal_of(name: &str, set: &str) -> Option<i32> {
-    name.strip_prefix(set)?.strip_prefix('-')?.parse().ok()
 }
