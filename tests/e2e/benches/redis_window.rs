@@ -22,7 +22,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,8 @@ use anyhow::{Context, Result, bail, ensure};
 use common::{env_or, host, utc_now, write_result};
 use e2e::ops::{is_drain_pod, pod_names, scale, wait_claim_gone};
 use e2e::redis::{
-    Reply, SET, apply_example, cluster_command, command, key_slot, own_slots, wait_members,
+    Reply, SET, apply_example, cluster_command, command, key_slot, member_addr, own_slots,
+    wait_members,
 };
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use futures::StreamExt;
@@ -60,20 +61,9 @@ struct Seen {
     drain_running: Option<Instant>,
 }
 
-/// The pod IP of a pod, with the Redis port.
-async fn addr_of(ns: &TestNamespace, pod: &str) -> Result<SocketAddr> {
-    let p = ns.api::<Pod>().get(pod).await?;
-    let ip: IpAddr = p
-        .status
-        .and_then(|s| s.pod_ip)
-        .with_context(|| format!("{pod} has no IP"))?
-        .parse()?;
-    Ok(SocketAddr::new(ip, 6379))
-}
-
 /// Writes a key that lives in one of member 3's slots (its value: the key) and returns it.
 async fn key_on_member(ns: &TestNamespace, cycle: usize, entry: SocketAddr) -> Result<String> {
-    let member = addr_of(ns, &pod_names(SET, [ORDINAL]).remove(0)).await?;
+    let member = member_addr(ns, &pod_names(SET, [ORDINAL]).remove(0)).await?;
     let Reply::Bulk(Some(nodes)) = command(member, &[b"CLUSTER", b"NODES"], false, T).await? else {
         bail!("CLUSTER NODES of member {ORDINAL}: not a bulk reply");
     };
@@ -190,7 +180,7 @@ async fn drain_cycle(
     cycle: usize,
     parts: &mut HashMap<&'static str, Vec<Duration>>,
 ) -> Result<()> {
-    let entry = addr_of(ns, &pod_names(SET, [0]).remove(0)).await?;
+    let entry = member_addr(ns, &pod_names(SET, [0]).remove(0)).await?;
     let key = key_on_member(ns, cycle, entry).await?;
     let (seen, watch) = start_watch(ns);
     let (stop, probe) = start_probe(entry, key.clone());
@@ -268,7 +258,7 @@ async fn wait_read_back(entry: SocketAddr, key: &str) -> Result<()> {
 
 /// The baseline: member 3 restarted (its pod deleted; the StatefulSet starts it again).
 async fn restart_cycle(ns: &TestNamespace, cycle: usize) -> Result<Duration> {
-    let entry = addr_of(ns, &pod_names(SET, [0]).remove(0)).await?;
+    let entry = member_addr(ns, &pod_names(SET, [0]).remove(0)).await?;
     let key = key_on_member(ns, 1000 + cycle, entry).await?;
     let (stop, probe) = start_probe(entry, key.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -50,6 +50,17 @@ pub async fn wait_members(ns: &TestNamespace, n: i32) -> Result<()> {
     Ok(())
 }
 
+/// The address of a member's (or drain pod's) Redis: its pod IP and the Redis port.
+pub async fn member_addr(ns: &TestNamespace, pod: &str) -> Result<std::net::SocketAddr> {
+    let p = ns.api::<Pod>().get(pod).await?;
+    let ip: std::net::IpAddr = p
+        .status
+        .and_then(|s| s.pod_ip)
+        .with_context(|| format!("{pod} has no IP"))?
+        .parse()?;
+    Ok(std::net::SocketAddr::new(ip, 6379))
+}
+
 /// A reply of the Redis protocol (RESP2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -92,6 +103,79 @@ pub async fn command(
     tokio::time::timeout(timeout, run)
         .await
         .map_err(|_| anyhow::anyhow!("{addr}: no reply within {timeout:?}"))?
+}
+
+/// Sends `commands` to the Redis node at `addr` on one new connection, all at once (a
+/// pipeline), and reads their replies, in order, one per command; the whole within `timeout`.
+pub async fn pipeline(
+    addr: std::net::SocketAddr,
+    commands: &[Vec<&[u8]>],
+    timeout: Duration,
+) -> Result<Vec<Reply>> {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let run = async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (read, mut write) = stream.into_split();
+        let mut out = Vec::new();
+        for c in commands {
+            encode(&mut out, c);
+        }
+        // Written while the replies are read: neither side's buffers fill up and stall.
+        let send = async move {
+            write.write_all(&out).await?;
+            anyhow::Ok(write)
+        };
+        let receive = async {
+            let mut reader = BufReader::new(read);
+            let mut replies = Vec::with_capacity(commands.len());
+            for _ in commands {
+                replies.push(read_reply(&mut reader).await?);
+            }
+            anyhow::Ok(replies)
+        };
+        let (sent, replies) = tokio::join!(send, receive);
+        sent?;
+        replies
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| anyhow::anyhow!("{addr}: no reply to a pipeline within {timeout:?}"))?
+}
+
+/// The slot ranges of the cluster and the address of the master serving each, as the node at
+/// `addr` answers `CLUSTER SLOTS`.
+pub async fn slot_owners(
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> Result<Vec<(std::ops::RangeInclusive<u16>, std::net::SocketAddr)>> {
+    let reply = command(addr, &[b"CLUSTER", b"SLOTS"], false, timeout).await?;
+    let Reply::Array(ranges) = reply else {
+        anyhow::bail!("{addr}: CLUSTER SLOTS answered {reply:?}");
+    };
+    let mut owners = Vec::new();
+    for r in ranges {
+        let parsed = match &r {
+            Reply::Array(f) => match f.as_slice() {
+                [Reply::Int(a), Reply::Int(b), Reply::Array(master), ..] => {
+                    match master.as_slice() {
+                        [Reply::Bulk(Some(ip)), Reply::Int(port), ..] => {
+                            let ip: std::net::IpAddr = String::from_utf8_lossy(ip).parse()?;
+                            Some((
+                                u16::try_from(*a)?..=u16::try_from(*b)?,
+                                std::net::SocketAddr::new(ip, u16::try_from(*port)?),
+                            ))
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        owners.push(parsed.with_context(|| format!("{addr}: a CLUSTER SLOTS entry {r:?}"))?);
+    }
+    Ok(owners)
 }
 
 fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
