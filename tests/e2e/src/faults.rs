@@ -98,14 +98,16 @@ pub fn release_set_finalizers_on_drop(ns: &TestNamespace, set: &str) -> Finally 
 }
 
 /// Runs `sh -c script` in a container of a pod (`kubectl exec`); returns its stdout, or fails
-/// with its stderr when it exits non-zero.
+/// with its stderr when it exits non-zero. Dropping the future kills the `kubectl`.
 pub async fn exec(ns: &TestNamespace, pod: &str, container: &str, script: &str) -> Result<String> {
     let mut cmd = tokio::process::Command::from(kubectl());
     cmd.args([
         "-n", &ns.name, "exec", pod, "-c", container, "--", "sh", "-c",
     ])
     .arg(script)
-    .stdin(std::process::Stdio::null());
+    .stdin(std::process::Stdio::null())
+    // A caller that gives up on it (a timeout) ends the `kubectl exec` too.
+    .kill_on_drop(true);
     let out = cmd.output().await.context("run kubectl exec")?;
     ensure!(
         out.status.success(),
