@@ -15,6 +15,10 @@
 //!   `STSD_BENCH_IDLE_SECS` (100) of quiet, longer than the idle timeout of the clients'
 //!   pooled connections (90 s), so a reaction that needs a new connection shows.
 //!
+//! `STSD_BENCH_MINUTES` bounds the cycles' time: no cycle starts after it, and the report
+//! covers the cycles made and says so (the full run takes 100 minutes on a quiet machine and
+//! half as long again on a busier one).
+//!
 //! Every cycle ends with the set scaled back up and every pod Running. All times come from this
 //! program's own watches of the two namespaces, the same way for both sides:
 //! - **pod gone → drain pod created**: a stateful pod's Deleted event → the Added event of the
@@ -227,6 +231,12 @@ async fn main() -> Result<()> {
     let singles = env_or("STSD_BENCH_SINGLES", 100);
     let idle_cycles = env_or("STSD_BENCH_IDLE_CYCLES", 3);
     let idle = Duration::from_secs(env_or("STSD_BENCH_IDLE_SECS", 100) as u64);
+    // A time budget for the cycles: none is started after it, and the report covers the
+    // cycles made (the schedule is shuffled, so a run cut short keeps its mix of kinds).
+    let budget = std::env::var("STSD_BENCH_MINUTES")
+        .ok()
+        .and_then(|m| m.parse::<u64>().ok())
+        .map(|m| Duration::from_secs(m * 60));
     let client = client().await;
     let template = drain_template("true", &["data"], json!({"restartPolicy": "Never"}));
 
@@ -287,7 +297,14 @@ async fn main() -> Result<()> {
     let mut probes = Watches::start(&probe_ns).await?;
     let cycles = async {
         let started = std::time::Instant::now();
+        let mut made = 0;
         for (i, cycle) in plan.iter().enumerate() {
+            if budget.is_some_and(|b| started.elapsed() >= b) {
+                eprintln!(
+                    "the time budget (STSD_BENCH_MINUTES) is spent: {i} of {total} cycles made"
+                );
+                break;
+            }
             // Each side goes first in turn.
             let mut sides: [&mut Side; 3] = [&mut ctl, &mut floor, &mut peer];
             sides.rotate_left(i % 3);
@@ -299,10 +316,11 @@ async fn main() -> Result<()> {
                 side.cycle(*cycle).await?;
             }
             eprintln!("cycle {}/{total} ({cycle:?}) done", i + 1);
+            made = i + 1;
         }
-        anyhow::Ok(started.elapsed())
+        anyhow::Ok((started.elapsed(), made))
     };
-    let (wall, during) = probes
+    let ((wall, made), during) = probes
         .baseline_every(&probe_ns, Duration::from_millis(500), false, cycles)
         .await?;
     drop(controller);
@@ -377,8 +395,13 @@ async fn main() -> Result<()> {
         ),
         String::new(),
         format!(
-            "wall time of the cycles: {:.1} s; samples: controller {} reactions, {} cleanups; floor {} reactions, {} cleanups; 2018 PoC {} reactions, {} cleanups",
+            "wall time of the cycles: {:.1} s, {made} of {total} cycles{}; samples: controller {} reactions, {} cleanups; floor {} reactions, {} cleanups; 2018 PoC {} reactions, {} cleanups",
             wall.as_secs_f64(),
+            if made < total {
+                " (cut short by STSD_BENCH_MINUTES)"
+            } else {
+                ""
+            },
             cr.len(),
             cc.len(),
             fr.len(),
