@@ -77,32 +77,20 @@ pub enum Reply {
 }
 
 /// Sends one command to the Redis node at `addr` on a new connection (after `ASKING` when
-/// `asking`) and reads its reply; every step within `timeout`.
+/// `asking`) and reads its reply; the whole within `timeout`. A [`pipeline`] of one or two.
 pub async fn command(
     addr: std::net::SocketAddr,
     args: &[&[u8]],
     asking: bool,
     timeout: Duration,
 ) -> Result<Reply> {
-    use tokio::io::{AsyncWriteExt, BufReader};
-    let run = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let mut out = Vec::new();
-        if asking {
-            encode(&mut out, &[b"ASKING"]);
-        }
-        encode(&mut out, args);
-        stream.write_all(&out).await?;
-        let mut reader = BufReader::new(stream);
-        if asking {
-            read_reply(&mut reader).await?;
-        }
-        read_reply(&mut reader).await
-    };
-    tokio::time::timeout(timeout, run)
-        .await
-        .map_err(|_| anyhow::anyhow!("{addr}: no reply within {timeout:?}"))?
+    let mut commands = Vec::with_capacity(2);
+    if asking {
+        commands.push(vec![&b"ASKING"[..]]);
+    }
+    commands.push(args.to_vec());
+    let mut replies = pipeline(addr, &commands, timeout).await?;
+    replies.pop().context("no reply")
 }
 
 /// Sends `commands` to the Redis node at `addr` on one new connection, all at once (a
