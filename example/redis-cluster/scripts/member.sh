@@ -73,4 +73,22 @@ if [ "$peer" != "$POD_IP" ]; then
 fi
 touch /tmp/ready
 log "ready: serving $(slots_of) slots"
+
+# Ghosts. Every node forgets a drained member as its drain ends (drain.sh), but Redis bans a
+# forgotten node for 60 s only: a node that still knew it then (a drain pod started later from
+# a claim whose nodes.conf lists it, a FORGET that did not reach one node) gossips it back
+# afterwards, and the members list it again, failed and serving no slot, for good. So each
+# member forgets such nodes itself, every few seconds: a node the cluster agreed has failed and
+# that serves no slot holds nothing of the cluster's, and a node that does come back meets the
+# members as it starts (above; drain.sh step 3), which adds it again.
+forget_ghosts() {
+  while sleep 5; do
+    for id in $(cli cluster nodes 2>/dev/null |
+      awk 'NF == 8 && $3 ~ /(^|,)fail(,|$)/ && $3 !~ /myself/ {print $1}'); do
+      log "forgetting node $id: failed, serving no slot"
+      cli cluster forget "$id" >/dev/null 2>&1 || true
+    done
+  done
+}
+forget_ghosts &
 wait "$REDIS_PID"

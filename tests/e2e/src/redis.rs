@@ -1,9 +1,12 @@
 //! The Redis Cluster example (`example/redis-cluster`) as the tests and benchmarks deploy it.
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::LogParams;
 
 use crate::faults::kubectl_apply_in;
 use crate::ops::{is_drain_pod, pod_names, running_ready};
@@ -271,6 +274,80 @@ pub fn own_slots(nodes: &str) -> Vec<std::ops::RangeInclusive<u16>> {
             None => s.parse().ok().map(|a| a..=a),
         })
         .collect()
+}
+
+/// The drain pods' logs of some ordinals, followed from the test's side while each drain runs:
+/// a drain pod's log goes with the pod when its drain ends, and a test that fails afterwards
+/// (a member still listing a drained node) should show what each drain did.
+pub struct DrainLogs {
+    text: Arc<Mutex<String>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl DrainLogs {
+    /// Follows the `drain` container of each drain pod of `ordinals` (every pod and every
+    /// restart of its container) until dropped.
+    pub fn follow(ns: &TestNamespace, ordinals: impl IntoIterator<Item = i32>) -> Self {
+        let text = Arc::new(Mutex::new(String::new()));
+        let tasks = pod_names(SET, ordinals)
+            .into_iter()
+            .map(|name| tokio::spawn(follow_drains(ns.api::<Pod>(), name, text.clone())))
+            .collect();
+        Self { text, tasks }
+    }
+
+    /// Every line followed so far, each after its pod's name.
+    pub fn text(&self) -> String {
+        self.text.lock().expect("drain logs").clone()
+    }
+}
+
+impl Drop for DrainLogs {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+/// Follows the log of each run of the drain container of the drain pods named `name`.
+async fn follow_drains(pods: kube::Api<Pod>, name: String, text: Arc<Mutex<String>>) {
+    use futures::{AsyncBufReadExt, StreamExt};
+    let mut followed = HashSet::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(Some(pod)) = pods.get_opt(&name).await else {
+            continue;
+        };
+        // A run of the container: its pod's UID and the container's restart count, once it
+        // has started (a log is there to follow).
+        let run = pod.status.as_ref().and_then(|s| {
+            let c = s
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .find(|c| c.name == "drain")?;
+            let state = c.state.as_ref()?;
+            (state.running.is_some() || state.terminated.is_some()).then_some(c.restart_count)
+        });
+        let (Some(restarts), Some(uid)) = (run, pod.metadata.uid.clone()) else {
+            continue;
+        };
+        if !is_drain_pod(&pod) || !followed.insert((uid, restarts)) {
+            continue;
+        }
+        let params = LogParams {
+            container: Some("drain".into()),
+            follow: true,
+            ..LogParams::default()
+        };
+        let Ok(stream) = pods.log_stream(&name, &params).await else {
+            continue;
+        };
+        let mut lines = stream.lines();
+        while let Some(Ok(line)) = lines.next().await {
+            let mut text = text.lock().expect("drain logs");
+            text.push_str(&format!("{name} (run {restarts}): {line}\n"));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use e2e::ops::{
     claim_uid, is_drain_pod, pod_names, scale, wait_claim_gone, wait_stateful_pod_back,
 };
 use e2e::redis::{
-    Reply, SET, apply_example, key_slot, member_addr, pipeline, slot_owners, wait_members,
+    DrainLogs, Reply, SET, apply_example, key_slot, member_addr, pipeline, slot_owners,
+    wait_members,
 };
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::Pod;
@@ -359,7 +360,19 @@ async fn assert_cluster(ns: &TestNamespace, n: usize, each_serves: bool) -> Resu
         }
         return Ok(());
     }
-    bail!("Redis does not report {n} healthy masters serving every slot:\n{last}")
+    let mut logs = String::new();
+    let params = LogParams {
+        tail_lines: Some(20),
+        ..LogParams::default()
+    };
+    for member in pod_names(SET, 0..n as i32) {
+        let log = ns.api::<Pod>().logs(&member, &params).await;
+        logs.push_str(&format!(
+            "{member}'s log ends:\n{}\n",
+            log.unwrap_or_default()
+        ));
+    }
+    bail!("Redis does not report {n} healthy masters serving every slot:\n{last}\n{logs}")
 }
 
 /// Waits until the drain pod of `ordinal` says it is moving slots.
@@ -418,6 +431,7 @@ async fn six_to_three_and_back_under_a_writing_client_loses_no_acknowledged_writ
     assert_cluster(&ns, 6, true).await?;
     start_writer(&ns).await?;
 
+    let drains = DrainLogs::follow(&ns, 3..6);
     scale(&ns, SET, 3).await?;
     // The witness must have been writing while the members' slots moved, or "nothing lost"
     // says little: its acknowledged writes are counted from the scale-down to each drain's end
@@ -444,7 +458,9 @@ async fn six_to_three_and_back_under_a_writing_client_loses_no_acknowledged_writ
         "the witness had only {} writes acknowledged during the drains",
         acked - start
     );
-    assert_cluster(&ns, 3, true).await?;
+    assert_cluster(&ns, 3, true)
+        .await
+        .with_context(|| format!("the drains' logs:\n{}", drains.text()))?;
 
     scale(&ns, SET, 6).await?;
     wait_members(&ns, 6).await?;
@@ -471,6 +487,7 @@ async fn a_scale_up_mid_drain_brings_the_member_back_whole() -> Result<()> {
     let uid = claim_uid(&ns, &claim).await?;
     start_writer(&ns).await?;
 
+    let drains = DrainLogs::follow(&ns, [2]);
     scale(&ns, SET, 2).await?;
     wait_migrating(&ns, 2).await?;
     scale(&ns, SET, 3).await?;
@@ -480,7 +497,9 @@ async fn a_scale_up_mid_drain_brings_the_member_back_whole() -> Result<()> {
         claim_uid(&ns, &claim).await? == uid,
         "claim {claim} was replaced"
     );
-    assert_cluster(&ns, 3, false).await?;
+    assert_cluster(&ns, 3, false)
+        .await
+        .with_context(|| format!("the drain's log:\n{}", drains.text()))?;
     let (acked, refused) = stop_writer(&ns).await?;
     let read = assert_every_acked_write_readable(&ns, acked).await?;
     eprintln!(
@@ -501,6 +520,7 @@ async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> 
     wait_members(&ns, 3).await?;
     start_writer(&ns).await?;
 
+    let drains = DrainLogs::follow(&ns, 1..3);
     scale(&ns, SET, 1).await?;
     let first = wait_migrating(&ns, 2).await?;
     let first_uid = first.metadata.uid.clone().unwrap_or_default();
@@ -521,7 +541,9 @@ async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> 
     for ordinal in [2, 1] {
         wait_drained(&ns, ordinal).await?;
     }
-    assert_cluster(&ns, 1, true).await?;
+    assert_cluster(&ns, 1, true)
+        .await
+        .with_context(|| format!("the drains' logs:\n{}", drains.text()))?;
     let (acked, refused) = stop_writer(&ns).await?;
     let read = assert_every_acked_write_readable(&ns, acked).await?;
     eprintln!(
@@ -544,6 +566,7 @@ async fn a_drain_whose_redis_dies_mid_migration_loses_nothing() -> Result<()> {
     wait_members(&ns, 4).await?;
     start_writer(&ns).await?;
 
+    let drains = DrainLogs::follow(&ns, [3]);
     scale(&ns, SET, 3).await?;
     let drain = wait_migrating(&ns, 3).await?;
     let name = drain.metadata.name.clone().unwrap_or_default();
@@ -563,7 +586,9 @@ async fn a_drain_whose_redis_dies_mid_migration_loses_nothing() -> Result<()> {
     })
     .await?;
     wait_drained(&ns, 3).await?;
-    assert_cluster(&ns, 3, true).await?;
+    assert_cluster(&ns, 3, true)
+        .await
+        .with_context(|| format!("the drains' logs:\n{}", drains.text()))?;
     let (acked, refused) = stop_writer(&ns).await?;
     let read = assert_every_acked_write_readable(&ns, acked).await?;
     eprintln!(
