@@ -24,7 +24,7 @@ use crate::plan;
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::{Metrics, ReasonLabels};
 use crate::runtime::status_memo::StatusMemo;
-use crate::runtime::urgency::{REPORT_AT_MOST, Urgency};
+use crate::runtime::urgency::{Urgency, Waiting};
 use crate::set_kind::SetKind;
 
 /// The set a status is written on.
@@ -182,8 +182,9 @@ impl Inner {
         // Failed tries of the status last tried (a newer status starts at the first delay).
         let mut failures: (u64, u32) = (0, 0);
         loop {
-            // After the urgent writes in flight; a status wanted meanwhile is the one written.
-            self.urgency.after_urgent(REPORT_AT_MOST).await;
+            // After the urgent writes in flight, a few reports at a time; a status wanted
+            // meanwhile is the one written.
+            let turn = self.urgency.turn(Waiting::Report).await;
             let (job, wake) = {
                 let mut slots = self.slots.lock().expect("status writer lock");
                 let slot = slots.get_mut(&key);
@@ -238,6 +239,8 @@ impl Inner {
                             slot.job = Some(job);
                         }
                     }
+                    // Its place goes to the reports waiting meanwhile.
+                    drop(turn);
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = wake.notified() => {}

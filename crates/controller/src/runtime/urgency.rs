@@ -16,12 +16,19 @@
 //! meanwhile (`recent`), a status is a report, an Event a message; and the bounds keep a steady
 //! stream of urgent writes from holding them back for longer: [`RECORD_AT_MOST`] for a record
 //! (its claim's delete waits for it), [`REPORT_AT_MOST`] for a status or an Event.
+//!
+//! And they go a few at a time ([`AT_ONCE`] of each kind, [`Urgency::turn`]), each after its
+//! own look at the quiet spell: held back for a burst of ten drains, some forty of them (ten
+//! records, a status, thirty Events) would otherwise all go the instant the spell is reached,
+//! each on a connection of its own, and the next pod's create, if its pod goes then, would
+//! meet all of them at the API server (the create's round trip in bursts had a tail twice the
+//! floor's: development.md, "An eighth round").
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 /// How long no urgent write must have been in flight before the writes that can wait go.
@@ -33,6 +40,29 @@ pub const RECORD_AT_MOST: Duration = Duration::from_millis(250);
 /// The longest a status or an Event is held back by urgent writes.
 pub const REPORT_AT_MOST: Duration = Duration::from_secs(1);
 
+/// How many writes that can wait, of each [`Waiting`] kind, are in flight at most.
+pub const AT_ONCE: usize = 2;
+
+/// The kinds of writes that can wait: each has its bound and its own [`AT_ONCE`] places, so
+/// that a record, which its claim's delete waits for, never queues behind Events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// A new drain pod's record on its claims: held back for [`RECORD_AT_MOST`] at most.
+    Record,
+    /// A status annotation or an Event: held back for [`REPORT_AT_MOST`] at most.
+    Report,
+}
+
+impl Waiting {
+    /// The longest a write of this kind is held back by urgent writes.
+    pub fn at_most(self) -> Duration {
+        match self {
+            Self::Record => RECORD_AT_MOST,
+            Self::Report => REPORT_AT_MOST,
+        }
+    }
+}
+
 /// The urgent writes in flight, which the others wait for.
 #[derive(Debug)]
 pub struct Urgency {
@@ -41,6 +71,17 @@ pub struct Urgency {
     /// When the last urgent write answered (`None`: none yet).
     last_answered: Mutex<Option<Instant>>,
     quiet: Duration,
+    /// The places of the records in flight, and of the reports ([`Urgency::turn`]).
+    records: Semaphore,
+    reports: Semaphore,
+}
+
+/// A write that can wait, in flight: its place ([`Urgency::turn`]) is given back on drop.
+#[derive(Debug)]
+pub struct Turn<'a> {
+    _place: SemaphorePermit<'a>,
+    /// Whether it was held back at all (by urgent writes, or by others of its kind in flight).
+    pub held: bool,
 }
 
 impl Default for Urgency {
@@ -57,6 +98,29 @@ impl Urgency {
             none_in_flight: Notify::new(),
             last_answered: Mutex::new(None),
             quiet,
+            records: Semaphore::new(AT_ONCE),
+            reports: Semaphore::new(AT_ONCE),
+        }
+    }
+
+    /// Waits for a place among the [`AT_ONCE`] writes of `kind` in flight, then as
+    /// [`Urgency::after_urgent`] for what is left of the kind's bound (counted from this call):
+    /// to be held while the write is in flight. Once the bound has passed it still waits for a
+    /// place, so no more than [`AT_ONCE`] of a kind are ever in flight.
+    pub async fn turn(&self, kind: Waiting) -> Turn<'_> {
+        let until = Instant::now() + kind.at_most();
+        let places = match kind {
+            Waiting::Record => &self.records,
+            Waiting::Report => &self.reports,
+        };
+        let queued = places.available_permits() == 0;
+        let place = places.acquire().await.expect("the places are never closed");
+        let held = self
+            .after_urgent(until.saturating_duration_since(Instant::now()))
+            .await;
+        Turn {
+            _place: place,
+            held: held || queued,
         }
     }
 
@@ -221,5 +285,87 @@ mod tests {
         let (held, went) = w.await.unwrap();
         assert!(held);
         assert_eq!(went - t0, MS(150));
+    }
+
+    /// Starts a write of `kind` that is in flight for `lasts` once it has its turn; returns
+    /// when it went (its turn given) and when it answered.
+    fn write(
+        u: &Arc<Urgency>,
+        kind: Waiting,
+        lasts: Duration,
+    ) -> tokio::task::JoinHandle<(Instant, Instant)> {
+        let u = Arc::clone(u);
+        tokio::spawn(async move {
+            let _turn = u.turn(kind).await;
+            let went = Instant::now();
+            tokio::time::sleep(lasts).await;
+            (went, Instant::now())
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_that_can_wait_go_a_few_of_each_kind_at_a_time() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        let t0 = Instant::now();
+        let reports: Vec<_> = (0..5).map(|_| write(&u, Waiting::Report, MS(10))).collect();
+        let record = write(&u, Waiting::Record, MS(10));
+        let mut went = Vec::new();
+        for r in reports {
+            went.push(r.await.unwrap());
+        }
+        // Never more than AT_ONCE in flight at any instant.
+        for (start, _) in &went {
+            let in_flight = went.iter().filter(|(s, e)| s <= start && start < e).count();
+            assert!(
+                in_flight <= AT_ONCE,
+                "{in_flight} reports in flight at once"
+            );
+        }
+        let mut starts: Vec<_> = went.iter().map(|(s, _)| *s - t0).collect();
+        starts.sort();
+        assert_eq!(starts, [MS(0), MS(0), MS(10), MS(10), MS(20)]);
+        // A record does not queue behind the reports.
+        assert_eq!(record.await.unwrap().0, t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_write_that_can_wait_looks_at_the_quiet_spell_when_its_turn_comes() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        let t0 = Instant::now();
+        let first: Vec<_> = (0..AT_ONCE)
+            .map(|_| write(&u, Waiting::Report, MS(50)))
+            .collect();
+        let next = write(&u, Waiting::Report, MS(10));
+        tokio::time::sleep(MS(20)).await;
+        // A create goes while the first reports are in flight, and answers 20 ms later.
+        let create = u.urgent();
+        tokio::time::sleep(MS(20)).await;
+        drop(create);
+        for f in first {
+            assert_eq!(f.await.unwrap().0, t0);
+        }
+        // Its turn came at 50 ms, but the create had answered at 40: it went at 140.
+        let (went, _) = next.await.unwrap();
+        assert_eq!(went - t0, MS(140));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_can_wait_still_waits_its_turn_after_its_bound() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        let _forever = u.urgent();
+        let t0 = Instant::now();
+        let long: Vec<_> = (0..AT_ONCE)
+            .map(|_| write(&u, Waiting::Record, Duration::from_secs(5)))
+            .collect();
+        let next = write(&u, Waiting::Record, MS(10));
+        for l in long {
+            // Held for the bound by the urgent write that never answers.
+            assert_eq!(l.await.unwrap().0 - t0, RECORD_AT_MOST);
+        }
+        // Its bound passed long ago; it went when a place was free.
+        assert_eq!(
+            next.await.unwrap().0 - t0,
+            RECORD_AT_MOST + Duration::from_secs(5)
+        );
     }
 }

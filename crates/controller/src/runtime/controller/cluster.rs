@@ -33,7 +33,7 @@ use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recent::{self, Recent};
 use crate::runtime::status_writer::{Patcher, Target};
-use crate::runtime::urgency::{RECORD_AT_MOST, REPORT_AT_MOST, Urgency};
+use crate::runtime::urgency::{Urgency, Waiting};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -514,9 +514,9 @@ impl Record {
         let ns = self.set.namespace.clone().unwrap_or_default();
         let set_name = self.set.name.clone().unwrap_or_default();
         let ctx = &self.ctx;
-        // After the urgent writes in flight (the next pods' creates of a scale-down): the
-        // reconciles read this record as written meanwhile.
-        ctx.urgency.after_urgent(RECORD_AT_MOST).await;
+        // After the urgent writes in flight (the next pods' creates of a scale-down), a few
+        // records at a time: the reconciles read this record as written meanwhile.
+        let _turn = ctx.urgency.turn(Waiting::Record).await;
         for (i, c) in self.claims.iter().enumerate() {
             let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
                 let patched = patch_claim(
@@ -603,7 +603,7 @@ pub(super) fn publish(
     };
     let (events, reference) = (events.clone(), reference.clone());
     events.sending.clone().spawn(async move {
-        events.urgency.after_urgent(REPORT_AT_MOST).await;
+        let _turn = events.urgency.turn(Waiting::Report).await;
         if let Err(e) = events.recorder.publish(&ev, &reference).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
