@@ -182,6 +182,14 @@ impl Inner {
         // Failed tries of the status last tried (a newer status starts at the first delay).
         let mut failures: (u64, u32) = (0, 0);
         loop {
+            {
+                // Nothing left to write: no turn is taken for nothing.
+                let mut slots = self.slots.lock().expect("status writer lock");
+                if slots.get(&key).is_none_or(|s| s.job.is_none()) {
+                    slots.remove(&key);
+                    return;
+                }
+            }
             // After the urgent writes in flight, a few reports at a time; a status wanted
             // meanwhile is the one written.
             let turn = self.urgency.turn(Waiting::Report).await;
@@ -211,7 +219,7 @@ impl Inner {
                 continue;
             }
             let started = tokio::time::Instant::now();
-            match (self.patch)(target.clone(), status).await {
+            match turn.during((self.patch)(target.clone(), status)).await {
                 Ok(Some(patched)) => {
                     debug!(statefulset = %target.name, namespace = %target.namespace, took = ?started.elapsed(), "status written");
                     self.memo.written(seq, &patched);
@@ -239,8 +247,6 @@ impl Inner {
                             slot.job = Some(job);
                         }
                     }
-                    // Its place goes to the reports waiting meanwhile.
-                    drop(turn);
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         () = wake.notified() => {}

@@ -22,7 +22,10 @@
 //! records, a status, thirty Events) would otherwise all go the instant the spell is reached,
 //! each on a connection of its own, and the next pod's create, if its pod goes then, would
 //! meet all of them at the API server (the create's round trip in bursts had a tail twice the
-//! floor's: development.md, "An eighth round").
+//! floor's: development.md, "An eighth round"). So a write may also wait for a place beyond
+//! its bound: behind at most the writes of its kind queued before it, each of which keeps its
+//! place for [`PLACE_AT_MOST`] at most ([`Turn::during`]), so that one that hangs holds up no
+//! other for longer.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,12 +79,30 @@ pub struct Urgency {
     reports: Semaphore,
 }
 
-/// A write that can wait, in flight: its place ([`Urgency::turn`]) is given back on drop.
+/// The longest a write that can wait keeps its place ([`Turn::during`]).
+pub const PLACE_AT_MOST: Duration = Duration::from_secs(1);
+
+/// A write that can wait, given its turn ([`Urgency::turn`]): it holds one of its kind's places
+/// until dropped, or for [`PLACE_AT_MOST`] of the write it runs ([`Turn::during`]).
 #[derive(Debug)]
 pub struct Turn<'a> {
     _place: SemaphorePermit<'a>,
-    /// Whether it was held back at all (by urgent writes, or by others of its kind in flight).
-    pub held: bool,
+}
+
+impl Turn<'_> {
+    /// Runs `write`, keeping the place for [`PLACE_AT_MOST`] at most: a write that hangs (an
+    /// API call that waits for the client's timeout, minutes) does not keep the others of its
+    /// kind waiting, nor the claims' deletes that wait for their records.
+    pub async fn during<F: Future>(self, write: F) -> F::Output {
+        let mut write = std::pin::pin!(write);
+        tokio::select! {
+            out = &mut write => out,
+            () = tokio::time::sleep(PLACE_AT_MOST) => {
+                drop(self);
+                write.await
+            }
+        }
+    }
 }
 
 impl Default for Urgency {
@@ -113,15 +134,10 @@ impl Urgency {
             Waiting::Record => &self.records,
             Waiting::Report => &self.reports,
         };
-        let queued = places.available_permits() == 0;
         let place = places.acquire().await.expect("the places are never closed");
-        let held = self
-            .after_urgent(until.saturating_duration_since(Instant::now()))
+        self.after_urgent(until.saturating_duration_since(Instant::now()))
             .await;
-        Turn {
-            _place: place,
-            held: held || queued,
-        }
+        Turn { _place: place }
     }
 
     /// Marks an urgent write in flight until the guard is dropped.
@@ -296,9 +312,9 @@ mod tests {
     ) -> tokio::task::JoinHandle<(Instant, Instant)> {
         let u = Arc::clone(u);
         tokio::spawn(async move {
-            let _turn = u.turn(kind).await;
+            let turn = u.turn(kind).await;
             let went = Instant::now();
-            tokio::time::sleep(lasts).await;
+            turn.during(tokio::time::sleep(lasts)).await;
             (went, Instant::now())
         })
     }
@@ -350,12 +366,12 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_write_that_can_wait_still_waits_its_turn_after_its_bound() {
+    async fn a_write_past_its_bound_still_waits_for_a_place() {
         let u = Arc::new(Urgency::new(MS(100)));
         let _forever = u.urgent();
         let t0 = Instant::now();
         let long: Vec<_> = (0..AT_ONCE)
-            .map(|_| write(&u, Waiting::Record, Duration::from_secs(5)))
+            .map(|_| write(&u, Waiting::Record, MS(600)))
             .collect();
         let next = write(&u, Waiting::Record, MS(10));
         for l in long {
@@ -363,9 +379,22 @@ mod tests {
             assert_eq!(l.await.unwrap().0 - t0, RECORD_AT_MOST);
         }
         // Its bound passed long ago; it went when a place was free.
-        assert_eq!(
-            next.await.unwrap().0 - t0,
-            RECORD_AT_MOST + Duration::from_secs(5)
-        );
+        assert_eq!(next.await.unwrap().0 - t0, RECORD_AT_MOST + MS(600));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_hangs_keeps_its_place_for_a_while_only() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        let t0 = Instant::now();
+        let hung: Vec<_> = (0..AT_ONCE)
+            .map(|_| write(&u, Waiting::Report, Duration::from_secs(300)))
+            .collect();
+        let next = write(&u, Waiting::Report, MS(10));
+        assert_eq!(next.await.unwrap().0 - t0, PLACE_AT_MOST);
+        for h in hung {
+            // Each still ran to its end.
+            let (went, answered) = h.await.unwrap();
+            assert_eq!(answered - went, Duration::from_secs(300));
+        }
     }
 }

@@ -516,57 +516,60 @@ impl Record {
         let ctx = &self.ctx;
         // After the urgent writes in flight (the next pods' creates of a scale-down), a few
         // records at a time: the reconciles read this record as written meanwhile.
-        let _turn = ctx.urgency.turn(Waiting::Record).await;
-        for (i, c) in self.claims.iter().enumerate() {
-            let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
-                let patched = patch_claim(
-                    &self.claims_api,
-                    &ctx.metrics,
-                    &ctx.recent,
-                    &c.name,
-                    &c.uid,
-                    &self.annotations,
-                )
-                .await;
-                match patched {
-                    // (`Stale` is the gate's answer, never a patch's.)
-                    Ok(Patched::Done | Patched::Stale) => continue,
-                    Ok(Patched::Gone) => {
-                        info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
-                        true
+        let turn = ctx.urgency.turn(Waiting::Record).await;
+        turn.during(async {
+            for (i, c) in self.claims.iter().enumerate() {
+                let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
+                    let patched = patch_claim(
+                        &self.claims_api,
+                        &ctx.metrics,
+                        &ctx.recent,
+                        &c.name,
+                        &c.uid,
+                        &self.annotations,
+                    )
+                    .await;
+                    match patched {
+                        // (`Stale` is the gate's answer, never a patch's.)
+                        Ok(Patched::Done | Patched::Stale) => continue,
+                        Ok(Patched::Gone) => {
+                            info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
+                            true
+                        }
+                        Err(source) => {
+                            let e = ActError::AnnotateClaim {
+                                name: c.name.clone(),
+                                source,
+                            };
+                            warn!(ordinal = self.ordinal, error = %e.describe(), "failed to record the new drain pod on its claims; the set's next reconcile records it again");
+                            publish(
+                                &ctx.events,
+                                &self.set,
+                                Severity::Warning,
+                                e.reason(),
+                                e.describe(),
+                                Some(self.ordinal),
+                            );
+                            true
+                        }
                     }
-                    Err(source) => {
-                        let e = ActError::AnnotateClaim {
-                            name: c.name.clone(),
-                            source,
-                        };
-                        warn!(ordinal = self.ordinal, error = %e.describe(), "failed to record the new drain pod on its claims; the set's next reconcile records it again");
-                        publish(
-                            &ctx.events,
-                            &self.set,
-                            Severity::Warning,
-                            e.reason(),
-                            e.describe(),
-                            Some(self.ordinal),
-                        );
-                        true
+                } else {
+                    info!(claim = %c.name, "no longer the leader: the drain pod's record is left to the leader");
+                    true
+                };
+                if stop {
+                    for c in &self.claims[i..] {
+                        ctx.recent.claims.failed(&ns, &c.name);
+                        if let Some(gate) = gates.get_mut(&c.name) {
+                            recent::mark_failed(gate);
+                        }
                     }
+                    let _ = ctx.replan.send((ns, set_name));
+                    return;
                 }
-            } else {
-                info!(claim = %c.name, "no longer the leader: the drain pod's record is left to the leader");
-                true
-            };
-            if stop {
-                for c in &self.claims[i..] {
-                    ctx.recent.claims.failed(&ns, &c.name);
-                    if let Some(gate) = gates.get_mut(&c.name) {
-                        recent::mark_failed(gate);
-                    }
-                }
-                let _ = ctx.replan.send((ns, set_name));
-                return;
             }
-        }
+        })
+        .await;
     }
 }
 
@@ -603,8 +606,8 @@ pub(super) fn publish(
     };
     let (events, reference) = (events.clone(), reference.clone());
     events.sending.clone().spawn(async move {
-        let _turn = events.urgency.turn(Waiting::Report).await;
-        if let Err(e) = events.recorder.publish(&ev, &reference).await {
+        let turn = events.urgency.turn(Waiting::Report).await;
+        if let Err(e) = turn.during(events.recorder.publish(&ev, &reference)).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
     });
