@@ -71,6 +71,8 @@ for ip in $peers; do
   n=0
   until rcli "$ip" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do
     n=$((n + 1)); [ "$n" -le 60 ] || retry "member $ip does not see this node"
+    # Met again every 5 s: a member may have forgotten this node as it came back (member.sh).
+    [ $((n % 10)) != 0 ] || cli cluster meet "$ip" "$PORT" >/dev/null 2>&1 || true
     sleep 0.5
   done
 done

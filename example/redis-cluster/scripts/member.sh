@@ -55,6 +55,8 @@ if [ "$peer" != "$POD_IP" ]; then
   until rcli "$peer" cluster nodes 2>/dev/null | grep -q "^$me .* connected"; do
     tries=$((tries + 1))
     [ "$tries" -le 120 ] || { log "$peer does not see this node after a minute; restarting"; exit 1; }
+    # Met again every 5 s: a member may have forgotten this node as it came back (above).
+    [ $((tries % 10)) != 0 ] || cli cluster meet "$peer" "$PORT" >/dev/null 2>&1 || true
     sleep 0.5
   done
   settle "$peer" || exit 1
@@ -78,16 +80,21 @@ log "ready: serving $(slots_of) slots"
 # forgotten node for 60 s only: a node that still knew it then (a drain pod started later from
 # a claim whose nodes.conf lists it, a FORGET that did not reach one node) gossips it back
 # afterwards, and the members list it again, failed and serving no slot, for good. So each
-# member forgets such nodes itself, every few seconds: a node the cluster agreed has failed and
-# that serves no slot holds nothing of the cluster's, and a node that does come back meets the
-# members as it starts (above; drain.sh step 3), which adds it again.
+# member forgets such nodes itself: a node the cluster agreed has failed and that serves no
+# slot holds nothing of the cluster's. Only one seen so on two looks 5 s apart: a node that is
+# coming back at a new address is failed here only until its first answer; and one that does
+# come back meets the members again until they know it (above; drain.sh step 3).
 forget_ghosts() {
+  seen=""
   while sleep 5; do
-    for id in $(cli cluster nodes 2>/dev/null |
-      awk 'NF == 8 && $3 ~ /(^|,)fail(,|$)/ && $3 !~ /myself/ {print $1}'); do
+    now=$(cli cluster nodes 2>/dev/null |
+      awk 'NF == 8 && $3 ~ /(^|,)fail(,|$)/ && $3 !~ /myself/ {print $1}')
+    for id in $now; do
+      case " $seen " in *" $id "*) ;; *) continue ;; esac
       log "forgetting node $id: failed, serving no slot"
       cli cluster forget "$id" >/dev/null 2>&1 || true
     done
+    seen=$(echo $now)
   done
 }
 forget_ghosts &
