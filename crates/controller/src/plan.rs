@@ -16,6 +16,7 @@
 //! | drain pod      | exited 0, no proof (stopped, no record)        | `RecordFailure` → `DeleteDrainPod`; claims kept |
 //! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | stuck (cannot start, crash-looping)            | `RecordFailure` → `DeleteDrainPod` |
+//! | drain pod      | not started, its claims gone or being deleted  | `DeleteDrainPod` (nothing to drain) |
 //! | drain pod      | not started, built from an older template      | `DeleteDrainPod` (replaced)     |
 //! | drain pod      | running past the deadline                      | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | running, UID not recorded on the claims        | `RecordDrainPod`                |
@@ -344,6 +345,24 @@ impl<'a> Planner<'a> {
         pod: &PodObs,
         drain: &DrainPod,
     ) -> Option<OrdinalState> {
+        if ord.live.is_empty() && !drain.started {
+            // Its claims went before it started (deleted by hand, or the pod was made from a
+            // view that had not seen them go): it could never start, and it holds the name
+            // the returning pod needs. Only if it still has not started when deleted.
+            self.act(delete_unfinished(
+                ord,
+                pod,
+                drain,
+                DeleteWhy::ClaimsGone,
+                true,
+            ));
+            return Some(OrdinalState::Waiting {
+                reason: format!(
+                    "the claims of drain pod {} went before it started: removing it",
+                    pod.name
+                ),
+            });
+        }
         if let Some(state) = self.stuck_attempt(ord, pod, drain) {
             return Some(state);
         }

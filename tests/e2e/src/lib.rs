@@ -270,6 +270,8 @@ pub struct ControllerProcess {
     pub log: PathBuf,
     /// How long the log was when this process started (earlier runs' lines come before).
     log_start: usize,
+    /// Whether the test killed it ([`kill`](Self::kill)).
+    killed: bool,
 }
 
 impl ControllerProcess {
@@ -376,6 +378,7 @@ impl ControllerProcess {
             child,
             log,
             log_start,
+            killed: false,
         }
     }
 
@@ -436,13 +439,38 @@ impl ControllerProcess {
 
     /// Kills it at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
+        self.killed = true;
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
 impl Drop for ControllerProcess {
+    /// Kills it, and shows how it ended and the end of its log: libtest shows a test's output
+    /// only when the test fails, so a failure in CI comes with the controller's side of it.
     fn drop(&mut self) {
+        let ended = (!self.killed)
+            .then(|| self.child.try_wait().ok().flatten())
+            .flatten();
         self.kill();
+        if let Some(status) = ended {
+            eprintln!(
+                "controller {} had exited before the end of the test: {status}",
+                self.child.id()
+            );
+        }
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let own = String::from_utf8_lossy(text.get(self.log_start..).unwrap_or_default());
+        let lines: Vec<&str> = own.lines().collect();
+        const TAIL: usize = 40;
+        eprintln!(
+            "--- the last {} lines of controller {} ({}):",
+            lines.len().min(TAIL),
+            self.child.id(),
+            self.log.display()
+        );
+        for line in &lines[lines.len().saturating_sub(TAIL)..] {
+            eprintln!("{}", line.chars().take(400).collect::<String>());
+        }
     }
 }

@@ -97,19 +97,85 @@ pub async fn scale(ns: &TestNamespace, set: &str, replicas: i32) -> Result<()> {
 /// Waits until the pod is gone.
 pub async fn wait_pod_gone(ns: &TestNamespace, name: &str, timeout: Duration) -> Result<()> {
     let pods = ns.api::<Pod>();
-    wait_for(timeout, &format!("pod {name} gone"), || async {
+    let waited = wait_for(timeout, &format!("pod {name} gone"), || async {
         Ok(pods.get_opt(name).await?.is_none())
     })
-    .await
+    .await;
+    match waited {
+        Ok(()) => Ok(()),
+        // What it is left in says whose step is missing (no delete asked, a finalizer, a node
+        // that did not confirm).
+        Err(e) => Err(e.context(match pods.get_opt(name).await {
+            Ok(Some(p)) => describe_pod(&p),
+            Ok(None) => "gone just after".to_owned(),
+            Err(read) => format!("could not read it: {read}"),
+        })),
+    }
 }
 
 /// Waits until the claim is gone.
 pub async fn wait_claim_gone(ns: &TestNamespace, name: &str, timeout: Duration) -> Result<()> {
     let claims = ns.api::<PersistentVolumeClaim>();
-    wait_for(timeout, &format!("claim {name} gone"), || async {
+    let waited = wait_for(timeout, &format!("claim {name} gone"), || async {
         Ok(claims.get_opt(name).await?.is_none())
     })
-    .await
+    .await;
+    match waited {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.context(match claims.get_opt(name).await {
+            Ok(Some(c)) => format!(
+                "claim {name}: uid {}, deletion requested {:?}, finalizers {:?}, annotations {:?}",
+                c.metadata.uid.unwrap_or_default(),
+                c.metadata.deletion_timestamp.map(|t| t.0.to_string()),
+                c.metadata.finalizers.unwrap_or_default(),
+                c.metadata.annotations.unwrap_or_default(),
+            ),
+            Ok(None) => "gone just after".to_owned(),
+            Err(read) => format!("could not read it: {read}"),
+        })),
+    }
+}
+
+/// A pod's state in one line, for a failed wait: UID, phase, deletion, finalizers, drain label,
+/// node, and each container's state.
+pub fn describe_pod(p: &Pod) -> String {
+    let m = &p.metadata;
+    let containers: Vec<String> = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            let state = c.state.as_ref();
+            let what = if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+                format!(
+                    "terminated exit {} ({})",
+                    t.exit_code,
+                    t.reason.clone().unwrap_or_default()
+                )
+            } else if state.and_then(|s| s.running.as_ref()).is_some() {
+                "running".to_owned()
+            } else {
+                "waiting".to_owned()
+            };
+            format!("{}: {what}, {} restarts", c.name, c.restart_count)
+        })
+        .collect();
+    format!(
+        "pod {}: uid {}, phase {:?}, deletion requested {:?} (grace {:?}), finalizers {:?}, drain pod {}, node {:?}, containers [{}]",
+        m.name.clone().unwrap_or_default(),
+        m.uid.clone().unwrap_or_default(),
+        phase(p),
+        m.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+        m.deletion_grace_period_seconds,
+        m.finalizers.clone().unwrap_or_default(),
+        m.labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(DRAIN_POD_LABEL)),
+        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        containers.join("; "),
+    )
 }
 
 /// The claim's UID.

@@ -4,8 +4,8 @@
 //! its claim; scaling to zero and back, or back up while a drain runs, loses no record; a stuck
 //! drain pod is a failed attempt; opting out finishes what is in flight; a set being deleted is
 //! left alone; an old drain pod of a deleted set of the same name blocks but is never deleted;
-//! a denied claim delete does not stop the other ordinals; status-only changes of stateful pods
-//! cost no reconcile.
+//! a denied claim delete does not stop the other ordinals; a drain pod whose claim is deleted
+//! before it starts is removed; status-only changes of stateful pods cost no reconcile.
 
 use std::time::{Duration, Instant};
 
@@ -303,6 +303,60 @@ async fn a_stuck_drain_pod_counts_as_a_failed_attempt_until_the_template_is_fixe
     wait_claim_gone(&ns, "data-web-2", T).await?;
     wait_pod_gone(&ns, "web-2", T).await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    Ok(())
+}
+
+/// Someone deletes the claim of a drain pod that has not started (here no node matches the
+/// drain template, so it waits, Pending): the drain pod, which could never start and holds the
+/// name the returning pod needs, is removed with a Warning (`DrainClaimsGone`), and a scale-up
+/// brings the ordinal back on a fresh claim. Before, such a pod stayed Pending for ever, and the
+/// set could not start its pod under that name (seen in CI, where the controller itself had made
+/// such a pod from a cache that had not seen the drained claim's delete yet).
+#[tokio::test]
+async fn a_drain_pod_whose_claim_is_deleted_before_it_starts_is_removed() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "safe-claim-gone").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let nowhere = json!({"nodeSelector": {"statefulset-drain.test/no-such-node": "true"}});
+    let set = SetBuilder::new("web").replicas(2).annotation(
+        annotations::DRAINER_POD_TEMPLATE,
+        drain_template("true", &["data"], nowhere),
+    );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..2)).await?;
+    let first = claim_uid(&ns, "data-web-1").await?;
+    scale(&ns, "web", 1).await?;
+    let pending = wait_drain_pod(&ns, "web-1", Some("Pending")).await?;
+    // It is not removed while its claim is there (the rule is not "Pending").
+    hold(HOLD, "the unschedulable drain pod waits", || async {
+        let pod = ns.api::<Pod>().get_opt("web-1").await?;
+        ensure!(
+            pod.is_some_and(|p| p.metadata.uid == pending.metadata.uid),
+            "the waiting drain pod went while its claim was there"
+        );
+        Ok(())
+    })
+    .await?;
+
+    ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .delete("data-web-1", &DeleteParams::default())
+        .await?;
+    let warnings = wait_set_event(&ns, "web", "DrainClaimsGone").await?;
+    ensure!(
+        warnings.iter().any(|w| w.contains("web-1")),
+        "the Warning names the drain pod: {warnings:?}"
+    );
+    wait_pod_gone(&ns, "web-1", T).await?;
+    wait_claim_gone(&ns, "data-web-1", T).await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_running(&ns, &pod_names("web", 1..2)).await?;
+    let fresh = claim_uid(&ns, "data-web-1").await?;
+    ensure!(fresh != first, "the returning pod runs on a fresh claim");
+    ensure!(
+        drain_pods(&ns).await?.is_empty(),
+        "no drain pod for the returning ordinal"
+    );
     Ok(())
 }
 

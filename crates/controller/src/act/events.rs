@@ -314,6 +314,14 @@ fn withdrawn(name: &str, why: DeleteWhy) -> Vec<EventSpec> {
                  (not started yet, or waiting to be restarted after a failure)"
             ),
         )],
+        DeleteWhy::ClaimsGone => vec![on_set(
+            Warning,
+            "DrainClaimsGone",
+            format!(
+                "the claims of drain pod {name} were deleted before it started (by hand?): \
+                 removed the drain pod, which could never start; nothing was drained"
+            ),
+        )],
         DeleteWhy::Succeeded
         | DeleteWhy::Failed
         | DeleteWhy::DeadlineExceeded

@@ -39,6 +39,9 @@ pub enum DeleteWhy {
     /// It succeeded, but its ordinal came back in range before the claims' deletion was
     /// approved: the claims are kept for the returning pod.
     ReturnedBeforeApproval,
+    /// It had not started and its claims are gone or being deleted: nothing is left to drain,
+    /// and it would wait for them for ever, holding the ordinal's name.
+    ClaimsGone,
 }
 
 /// What kind of failed attempt is counted.

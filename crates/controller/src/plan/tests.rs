@@ -449,6 +449,41 @@ fn success_after_a_crash_with_claims_gone_still_deletes_the_pod() {
     assert_eq!(plan.actions, vec![delete_pod(2, DeleteWhy::Succeeded)]);
 }
 
+#[rstest]
+#[case::being_deleted(true)]
+#[case::gone(false)]
+fn a_drain_pod_whose_claims_went_before_it_started_is_removed(#[case] terminating_claim: bool) {
+    // Made from a view that had not seen its claim go (or the claim deleted by hand): it could
+    // never start, and it holds the name the returning pod needs.
+    let c = claim("data", 2);
+    let pods = vec![drain_pod(2, DrainPhase::Pending, &[&c])];
+    let claims = if terminating_claim {
+        vec![terminating(c)]
+    } else {
+        vec![]
+    };
+    let plan = plan(&snap(2, claims, pods), &settings(), t(0));
+    assert_eq!(plan.actions, vec![stop_pod(2, DeleteWhy::ClaimsGone)]);
+    assert!(matches!(plan.status[&2], OrdinalState::Waiting { .. }));
+}
+
+#[test]
+fn a_drain_pod_that_started_is_not_removed_because_its_claims_are_being_deleted() {
+    // Running on them: the claims stay until it ends (Kubernetes' claim protection), and its
+    // end is judged as any other.
+    let c = claim("data", 2);
+    let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
+    let plan = plan(&snap(2, vec![terminating(c)], pods), &settings(), t(0));
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteDrainPod { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
+
 #[test]
 fn success_never_deletes_a_claim_recreated_since() {
     let drained = claim("data", 2);

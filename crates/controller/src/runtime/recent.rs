@@ -225,28 +225,29 @@ impl Gates {
     }
 }
 
-/// The UIDs of the pods we deleted, for [`TTL`] at most: a deleted drain pod is read as
+/// The UIDs of the pods (or the claims) we deleted, for [`TTL`] at most: a deleted drain pod is read as
 /// terminating (waited for: neither recorded on its claims nor deleted again) even while the
 /// cache still shows it as it was. Deleting a pod that was not scheduled yet removes it at once,
 /// and the API server's answer then carries no deletion timestamp nor a newer version than the
 /// cache may hold, so [`Recent`] cannot keep it. Only the flag is read, never a time: whether a
-/// drain pod finished before it was asked to stop is judged from the pod's own fields.
+/// drain pod finished before it was asked to stop is judged from the pod's own fields. A deleted
+/// claim is read as being deleted: no new drain starts on it, nor is it deleted again.
 #[derive(Default)]
 pub struct Deleted {
     at: Mutex<HashMap<String, Instant>>,
 }
 
 impl Deleted {
-    /// We deleted the pod with this UID (the API server accepted the delete).
+    /// We deleted the object with this UID (the API server accepted the delete).
     pub fn deleted(&self, uid: &str) {
-        let mut at = self.at.lock().expect("deleted pods lock");
+        let mut at = self.at.lock().expect("deleted objects lock");
         at.retain(|_, t| t.elapsed() < TTL);
         at.insert(uid.to_owned(), Instant::now());
     }
 
-    /// Whether we deleted the pod with this UID within [`TTL`].
+    /// Whether we deleted the object with this UID within [`TTL`].
     pub fn contains(&self, uid: &str) -> bool {
-        let at = self.at.lock().expect("deleted pods lock");
+        let at = self.at.lock().expect("deleted objects lock");
         at.get(uid).is_some_and(|t| t.elapsed() < TTL)
     }
 }

@@ -331,7 +331,12 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         debug!(claim = %name, took = ?sent.elapsed(), "claim delete answered");
         self.metrics
             .request("delete", "persistentvolumeclaims", &result);
-        ok_if_gone(result.map(|_| ()))
+        let result = ok_if_gone(result.map(|_| ()));
+        if result.is_ok() {
+            // Deleted, or gone already: either way not to be drained again.
+            self.recent.deleted_claims.deleted(uid);
+        }
+        result
     }
 
     async fn annotate_claim(

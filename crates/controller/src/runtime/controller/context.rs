@@ -207,6 +207,10 @@ pub(super) struct Recents {
     pub(super) claim_gates: recent::Gates,
     /// Drain pods we deleted.
     pub(super) deleted_pods: recent::Deleted,
+    /// Claims we deleted: read as being deleted until the cache shows it (a reconcile that ran
+    /// before the claim's watch event would otherwise see the drained ordinal's claims as they
+    /// were, its drain pod gone, and start a new drain on claims on their way out).
+    pub(super) deleted_claims: recent::Deleted,
 }
 
 /// Whether a set asks for drains.

@@ -62,6 +62,16 @@ pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> 
     }
 }
 
+/// Marks the claims we deleted as being deleted, whatever the cache still shows of them
+/// ([`recent::Deleted`]).
+pub(super) fn mark_deleted_claims(claims: &mut [plan::Claim], deleted: impl Fn(&str) -> bool) {
+    for claim in claims {
+        if deleted(&claim.uid) {
+            claim.terminating = true;
+        }
+    }
+}
+
 /// Deletes the drain pods of this set whose withdrawal failed before
 /// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or
 /// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
@@ -153,6 +163,9 @@ pub(super) fn observe_set(
         });
     mark_deleted(&mut snap.pods, |uid| {
         ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
+    });
+    mark_deleted_claims(&mut snap.claims, |uid| {
+        ctx.recent.deleted_claims.contains(uid)
     });
     if only_in_flight {
         // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.

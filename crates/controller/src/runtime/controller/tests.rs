@@ -19,7 +19,7 @@ use super::backoff::next_failure;
 use super::context::keep_series;
 use super::kinds::Released;
 use super::serve::halt_at_once;
-use super::snapshot::{mark_deleted, newest_claim, with_created};
+use super::snapshot::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
@@ -594,6 +594,58 @@ fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
         after, was,
         "no deletion time is made up: success is judged from the pod"
     );
+}
+
+/// A CI run caught it: a restarted controller deleted a drained ordinal's claim, then its drain
+/// pod; the next reconcile ran after the pod's watch event and before the claim's, saw the
+/// claim as it was and no drain pod, and created a new drain pod on a claim on its way out.
+#[test]
+fn a_claim_we_deleted_is_read_as_being_deleted_and_no_drain_starts_on_it() {
+    use crate::plan::{self, Claim, DrainRecord, NewDrains, Settings, Snapshot};
+    let deleted = recent::Deleted::default();
+    deleted.deleted("drained");
+    let claim = |name: &str, uid: &str, ordinal| Claim {
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        template: "data".to_owned(),
+        ordinal,
+        terminating: false,
+        record: DrainRecord::default(),
+    };
+    let mut snap = Snapshot {
+        set_name: "web".into(),
+        replicas: 1,
+        // Ordinal 1 drained (its claim deleted by us, the cache not there yet); ordinal 2 not.
+        claims: vec![
+            claim("data-web-1", "drained", 1),
+            claim("data-web-2", "fresh", 2),
+        ],
+        ..Snapshot::default()
+    };
+    let settings = Settings {
+        new_drains: NewDrains::Allowed {
+            template_hash: "h".into(),
+        },
+        max_concurrent: Some(10),
+        ..Settings::default()
+    };
+    let creates = |snap: &Snapshot| -> Vec<i32> {
+        plan::plan(snap, &settings, jiff::Timestamp::now())
+            .actions
+            .iter()
+            .filter(|a| matches!(a, plan::Action::CreateDrainPod { .. }))
+            .map(plan::Action::ordinal)
+            .collect()
+    };
+    assert_eq!(
+        creates(&snap),
+        [2, 1],
+        "what the stale cache alone would do"
+    );
+    mark_deleted_claims(&mut snap.claims, |uid| deleted.contains(uid));
+    assert!(snap.claims[0].terminating, "the claim we deleted");
+    assert!(!snap.claims[1].terminating, "a claim we did not delete");
+    assert_eq!(creates(&snap), [2], "no drain on the claim we deleted");
 }
 
 #[test]
