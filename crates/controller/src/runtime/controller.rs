@@ -239,8 +239,14 @@ async fn run_scope(
         drain_pods_listed,
         sets_listed: sets_listed.clone(),
     };
-    let (secondary, streams, released_rx) =
-        Secondary::watch(client, ns, &shared.metrics, &known.interest, order);
+    let (secondary, streams, released_rx) = Secondary::watch(
+        client,
+        ns,
+        &shared.metrics,
+        &known.interest,
+        &shared.urgency,
+        order,
+    );
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let pods_changed: Arc<pods_gone::PodsChanged> = Arc::default();

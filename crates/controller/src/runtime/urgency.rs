@@ -26,7 +26,20 @@
 //! its bound: behind at most the writes of its kind queued before it, each of which keeps its
 //! place for [`PLACE_AT_MOST`] at most ([`Turn::during`]), so that one that hangs holds up no
 //! other for longer.
+//!
+//! And they wait for a scale-down to finish removing pods ([`Urgency::removing`]): the pods of
+//! a burst go over one to three seconds, tens to hundreds of milliseconds apart, and paced
+//! writes that go in the gaps still meet the next pod's create (the full reaction run on
+//! pacing alone: the create's round trip in bursts p50 18.3 ms against the floor's 15.4, while
+//! level in singles; development.md, "A ninth round"). So while a stateful pod of a set that
+//! concerns us is being deleted, they hold back, for [`REMOVAL_AT_MOST`] at most; its going
+//! starts the quiet spell again, which its drain pod's create, sent within milliseconds, then
+//! extends. While a claim's delete waits for its claim's earlier writes
+//! ([`Urgency::claim_waits`]), records are not held back at all: the one it waits for may be
+//! among them, and a drain that finished within the burst has its claims deleted without
+//! waiting for the burst's end.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +58,16 @@ pub const REPORT_AT_MOST: Duration = Duration::from_secs(1);
 
 /// How many writes that can wait, of each [`Waiting`] kind, are in flight at most.
 pub const AT_ONCE: usize = 2;
+
+/// The longest a write that can wait is held back by pods being removed ([`Urgency::removing`]),
+/// before it waits for the quiet spell: longer than a scale-down's burst takes to remove its
+/// pods (the reaction benchmark's take 0.5 to 2.4 s), short beside a drain.
+pub const REMOVAL_AT_MOST: Duration = Duration::from_secs(3);
+
+/// How long a pod being deleted counts as being removed at most: a pod whose Delete event was
+/// missed (a watch that relisted) is not waited for after that, nor one that takes its whole
+/// grace period.
+pub const REMOVING_AT_MOST: Duration = Duration::from_secs(60);
 
 /// The kinds of writes that can wait: each has its bound and its own [`AT_ONCE`] places, so
 /// that a record, which its claim's delete waits for, never queues behind Events.
@@ -77,6 +100,12 @@ pub struct Urgency {
     /// The places of the records in flight, and of the reports ([`Urgency::turn`]).
     records: Semaphore,
     reports: Semaphore,
+    /// The pods being removed, by UID, since when ([`Urgency::removing`]).
+    removing: Mutex<HashMap<String, Instant>>,
+    /// The claim deletes waiting for their claims' earlier writes ([`Urgency::claim_waits`]).
+    claims_waiting: AtomicUsize,
+    /// Told of each change of the removals and the claims waiting.
+    changed: Notify,
 }
 
 /// The longest a write that can wait keeps its place ([`Turn::during`]).
@@ -121,13 +150,96 @@ impl Urgency {
             quiet,
             records: Semaphore::new(AT_ONCE),
             reports: Semaphore::new(AT_ONCE),
+            removing: Mutex::new(HashMap::new()),
+            claims_waiting: AtomicUsize::new(0),
+            changed: Notify::new(),
         }
     }
 
-    /// Waits for a place among the [`AT_ONCE`] writes of `kind` in flight, then as
-    /// [`Urgency::after_urgent`] for what is left of the kind's bound (counted from this call):
-    /// to be held while the write is in flight. Once the bound has passed it still waits for a
-    /// place, so no more than [`AT_ONCE`] of a kind are ever in flight.
+    /// A stateful pod (by UID) of a set that concerns us is being deleted: the writes that can
+    /// wait hold back until it is gone ([`Urgency::removed`]), for [`REMOVAL_AT_MOST`] at most.
+    pub fn removing(&self, uid: &str) {
+        let mut removing = self.removing.lock().expect("urgency lock");
+        removing.retain(|_, since| since.elapsed() < REMOVING_AT_MOST);
+        removing.entry(uid.to_owned()).or_insert_with(Instant::now);
+    }
+
+    /// The pod is gone (or no longer being deleted): if it was being removed, the quiet spell
+    /// starts again from now, so that its drain pod's create, which follows within
+    /// milliseconds, is not met by the writes it held back.
+    pub fn removed(&self, uid: &str) {
+        let was = self
+            .removing
+            .lock()
+            .expect("urgency lock")
+            .remove(uid)
+            .is_some();
+        if was {
+            {
+                let mut last = self.last_answered.lock().expect("urgency lock");
+                let now = Instant::now();
+                *last = Some(last.map_or(now, |before| before.max(now)));
+            }
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether pods are being removed (each for [`REMOVING_AT_MOST`] at most).
+    pub fn removals(&self) -> bool {
+        let removing = self.removing.lock().expect("urgency lock");
+        removing
+            .values()
+            .any(|since| since.elapsed() < REMOVING_AT_MOST)
+    }
+
+    /// A claim's delete waits for the writes of the claim before it (a new drain pod's record
+    /// among them), until the guard is dropped: meanwhile records are not held back at all.
+    pub fn claim_waits(self: &Arc<Self>) -> ClaimWaits {
+        self.claims_waiting.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        ClaimWaits(Arc::clone(self))
+    }
+
+    /// Resolves once no pod is being removed, or after `at_most`. Whether it was held back.
+    async fn after_removals(&self, at_most: Duration) -> bool {
+        let until = Instant::now() + at_most;
+        let mut held = false;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.removals() {
+                return held;
+            }
+            held = true;
+            // Woken by a change, and at least every 100 ms (a removal that expires tells no one).
+            let next = until.min(Instant::now() + QUIET);
+            let _ = tokio::time::timeout_at(next, changed).await;
+            if Instant::now() >= until {
+                return held;
+            }
+        }
+    }
+
+    /// Resolves once a claim's delete waits for its claim's earlier writes.
+    async fn a_claim_waits(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.claims_waiting.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Waits for a place among the [`AT_ONCE`] writes of `kind` in flight, then for the pods
+    /// being removed ([`Urgency::removing`], [`REMOVAL_AT_MOST`] at most), then as
+    /// [`Urgency::after_urgent`] for what is left of the kind's bound (counted from this call, or
+    /// from the end of the wait for removals if there was one): to be held while the write is
+    /// in flight. Once the bound has passed it still waits for a place, so no more than
+    /// [`AT_ONCE`] of a kind are ever in flight.
     pub async fn turn(&self, kind: Waiting) -> Turn<'_> {
         let until = Instant::now() + kind.at_most();
         let places = match kind {
@@ -135,8 +247,26 @@ impl Urgency {
             Waiting::Report => &self.reports,
         };
         let place = places.acquire().await.expect("the places are never closed");
-        self.after_urgent(until.saturating_duration_since(Instant::now()))
-            .await;
+        let held_back = async {
+            // Held back by removals, it then waits for the quiet spell for its whole bound.
+            let until = if self.after_removals(REMOVAL_AT_MOST).await {
+                Instant::now() + kind.at_most()
+            } else {
+                until
+            };
+            self.after_urgent(until.saturating_duration_since(Instant::now()))
+                .await;
+        };
+        match kind {
+            // A claim's delete, urgent, may be waiting for this very record: it goes now.
+            Waiting::Record => tokio::select! {
+                () = held_back => {}
+                () = self.a_claim_waits() => {}
+            },
+            Waiting::Report => {
+                held_back.await;
+            }
+        }
         Turn { _place: place }
     }
 
@@ -181,6 +311,17 @@ impl Urgency {
                 return held;
             }
         }
+    }
+}
+
+/// A claim's delete waiting for the claim's earlier writes ([`Urgency::claim_waits`]).
+#[derive(Debug)]
+pub struct ClaimWaits(Arc<Urgency>);
+
+impl Drop for ClaimWaits {
+    fn drop(&mut self) {
+        self.0.claims_waiting.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
     }
 }
 
@@ -380,6 +521,92 @@ mod tests {
         }
         // Its bound passed long ago; it went when a place was free.
         assert_eq!(next.await.unwrap().0 - t0, RECORD_AT_MOST + MS(600));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_that_can_wait_hold_back_while_a_pod_is_removed() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        u.removing("p1");
+        let t0 = Instant::now();
+        let report = write(&u, Waiting::Report, MS(10));
+        let record = write(&u, Waiting::Record, MS(10));
+        tokio::time::sleep(MS(500)).await;
+        assert!(!report.is_finished() && !record.is_finished());
+        // The pod goes: its drain pod's create follows at once and answers 30 ms later.
+        u.removed("p1");
+        let create = u.urgent();
+        tokio::time::sleep(MS(30)).await;
+        drop(create);
+        assert_eq!(
+            report.await.unwrap().0 - t0,
+            MS(630),
+            "a quiet spell after the create"
+        );
+        assert_eq!(record.await.unwrap().0 - t0, MS(630));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pod_going_starts_the_quiet_spell_again() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        u.removing("p1");
+        let t0 = Instant::now();
+        let report = write(&u, Waiting::Report, MS(10));
+        tokio::time::sleep(MS(200)).await;
+        // No create follows (a pod of a rolling update, say): a quiet spell from its going.
+        u.removed("p1");
+        assert_eq!(report.await.unwrap().0 - t0, MS(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removals_hold_back_for_their_bound_only() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        u.removing("never-goes");
+        let t0 = Instant::now();
+        assert_eq!(
+            write(&u, Waiting::Report, MS(10)).await.unwrap().0 - t0,
+            REMOVAL_AT_MOST
+        );
+        // A pod being removed for longer than REMOVING_AT_MOST (its Delete missed) holds none.
+        tokio::time::sleep(REMOVING_AT_MOST).await;
+        let t1 = Instant::now();
+        assert_eq!(write(&u, Waiting::Report, MS(10)).await.unwrap().0, t1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_of_another_set_going_or_not_being_removed_moves_nothing() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        // Never told `removing` (not a set that concerns us): its going is no quiet spell.
+        u.removed("other");
+        let t0 = Instant::now();
+        assert_eq!(write(&u, Waiting::Report, MS(10)).await.unwrap().0, t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_a_claim_delete_waits_for_is_not_held_back() {
+        let u = Arc::new(Urgency::new(MS(100)));
+        u.removing("p1");
+        let t0 = Instant::now();
+        let record = write(&u, Waiting::Record, MS(10));
+        let report = write(&u, Waiting::Report, MS(10));
+        tokio::time::sleep(MS(200)).await;
+        assert!(!record.is_finished());
+        // A drain finished within the burst: its claim's delete waits for the record, while
+        // another create is in flight. The record goes now: the delete is urgent too.
+        let create = u.urgent();
+        let waits = u.claim_waits();
+        assert_eq!(record.await.unwrap().0 - t0, MS(200));
+        drop(waits);
+        drop(create);
+        // Reports still wait for the removal.
+        tokio::time::sleep(MS(100)).await;
+        assert!(!report.is_finished());
+        let gone = Instant::now();
+        u.removed("p1");
+        assert_eq!(
+            report.await.unwrap().0 - gone,
+            MS(100),
+            "a quiet spell after"
+        );
     }
 
     #[tokio::test(start_paused = true)]

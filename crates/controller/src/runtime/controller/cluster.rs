@@ -324,7 +324,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
         let ns = self.set.namespace.as_deref().unwrap_or_default();
+        // A record this delete waits for, held back by a scale-down's removals, goes now.
+        let waits = self.ctx.urgency.claim_waits();
         let _in_order = self.recent.claim_gates.enter(ns, name).await;
+        drop(waits);
         let _urgent = self.ctx.urgency.urgent();
         let sent = std::time::Instant::now();
         let result = self.claims.delete(name, &preconditioned(uid, None)).await;
