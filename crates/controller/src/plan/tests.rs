@@ -121,6 +121,18 @@ fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
     }
 }
 
+/// Fails if the plan deletes a drain pod.
+fn assert_deletes_no_drain_pod(plan: &Plan) {
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteDrainPod { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
+
 fn refs(claims: &[&Claim]) -> Vec<ClaimRef> {
     claims
         .iter()
@@ -474,14 +486,7 @@ fn a_drain_pod_that_started_is_not_removed_because_its_claims_are_being_deleted(
     let c = claim("data", 2);
     let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
     let plan = plan(&snap(2, vec![terminating(c)], pods), &settings(), t(0));
-    assert!(
-        !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::DeleteDrainPod { .. })),
-        "{:?}",
-        plan.actions
-    );
+    assert_deletes_no_drain_pod(&plan);
 }
 
 #[test]
@@ -2318,14 +2323,7 @@ fn an_unrecorded_series_is_not_judged_by_the_earlier_series_counts_or_deadline()
     // A running pod of that series is not stopped for the earlier series' deadline either.
     let pods = vec![drain_pod(2, DrainPhase::Running, &[&c])];
     let plan = super::plan(&snap(2, vec![c], pods), &s, t(0));
-    assert!(
-        !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::DeleteDrainPod { .. })),
-        "{:?}",
-        plan.actions
-    );
+    assert_deletes_no_drain_pod(&plan);
 }
 
 #[test]
