@@ -175,13 +175,23 @@ impl Urgency {
             .remove(uid)
             .is_some();
         if was {
-            {
-                let mut last = self.last_answered.lock().expect("urgency lock");
-                let now = Instant::now();
-                *last = Some(last.map_or(now, |before| before.max(now)));
-            }
+            self.quiet_from_now();
             self.changed.notify_waiters();
         }
+    }
+
+    /// The quiet spell starts again from now (as when an urgent write answers).
+    fn quiet_from_now(&self) {
+        // Under the lock, so two at once never store the older instant.
+        let mut last = self.last_answered.lock().expect("urgency lock");
+        let now = Instant::now();
+        *last = Some(last.map_or(now, |before| before.max(now)));
+    }
+
+    /// Runs `write` as a write that can wait of `kind`: after its turn ([`Urgency::turn`]),
+    /// keeping its place for [`PLACE_AT_MOST`] at most ([`Turn::during`]).
+    pub async fn paced<F: Future>(&self, kind: Waiting, write: F) -> F::Output {
+        self.turn(kind).await.during(write).await
     }
 
     /// Whether pods are being removed (each for [`REMOVING_AT_MOST`] at most).
@@ -331,12 +341,7 @@ pub struct Urgent(Arc<Urgency>);
 
 impl Drop for Urgent {
     fn drop(&mut self) {
-        {
-            // Read under the lock, so two answering at once never store the older instant.
-            let mut last = self.0.last_answered.lock().expect("urgency lock");
-            let now = Instant::now();
-            *last = Some(last.map_or(now, |before| before.max(now)));
-        }
+        self.0.quiet_from_now();
         if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.none_in_flight.notify_waiters();
         }

@@ -524,8 +524,7 @@ impl Record {
         let ctx = &self.ctx;
         // After the urgent writes in flight (the next pods' creates of a scale-down), a few
         // records at a time: the reconciles read this record as written meanwhile.
-        let turn = ctx.urgency.turn(Waiting::Record).await;
-        turn.during(async {
+        ctx.urgency.paced(Waiting::Record, async {
             for (i, c) in self.claims.iter().enumerate() {
                 let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
                     let patched = patch_claim(
@@ -614,8 +613,10 @@ pub(super) fn publish(
     };
     let (events, reference) = (events.clone(), reference.clone());
     events.sending.clone().spawn(async move {
-        let turn = events.urgency.turn(Waiting::Report).await;
-        if let Err(e) = turn.during(events.recorder.publish(&ev, &reference)).await {
+        let published = (events.urgency)
+            .paced(Waiting::Report, events.recorder.publish(&ev, &reference))
+            .await;
+        if let Err(e) = published {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
     });
