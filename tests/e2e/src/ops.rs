@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use drain_api::names::pod_name;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
@@ -123,17 +123,25 @@ pub async fn wait_claim_gone(ns: &TestNamespace, name: &str, timeout: Duration) 
     match waited {
         Ok(()) => Ok(()),
         Err(e) => Err(e.context(match claims.get_opt(name).await {
-            Ok(Some(c)) => format!(
-                "claim {name}: uid {}, deletion requested {:?}, finalizers {:?}, annotations {:?}",
-                c.metadata.uid.unwrap_or_default(),
-                c.metadata.deletion_timestamp.map(|t| t.0.to_string()),
-                c.metadata.finalizers.unwrap_or_default(),
-                c.metadata.annotations.unwrap_or_default(),
-            ),
+            Ok(Some(c)) => describe_claim(&c),
             Ok(None) => "gone just after".to_owned(),
             Err(read) => format!("could not read it: {read}"),
         })),
     }
+}
+
+/// A claim's state in one line, for a failed wait: name, UID, deletion, finalizers,
+/// annotations.
+pub fn describe_claim(c: &PersistentVolumeClaim) -> String {
+    let m = &c.metadata;
+    format!(
+        "claim {}: uid {}, deletion requested {:?}, finalizers {:?}, annotations {:?}",
+        m.name.as_deref().unwrap_or_default(),
+        m.uid.as_deref().unwrap_or_default(),
+        m.deletion_timestamp.as_ref().map(|t| t.0.to_string()),
+        m.finalizers.clone().unwrap_or_default(),
+        m.annotations.clone().unwrap_or_default(),
+    )
 }
 
 /// A pod's state in one line, for a failed wait: UID, phase, deletion, finalizers, drain label,
@@ -280,4 +288,24 @@ pub async fn assert_claims_kept(ns: &TestNamespace, names: &[&str]) -> Result<()
         );
     }
     Ok(())
+}
+
+/// GET `url` (the controller's admin port): its HTTP status and body.
+pub async fn http_get(url: &str) -> Result<(u16, String)> {
+    let response = reqwest::get(url)
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// The value of the sample `name{labels}` in a Prometheus exposition `text` (labels as written
+/// by the exposition, `""` for none).
+pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+    let key = if labels.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
 }

@@ -22,24 +22,6 @@ use serde_json::json;
 
 const T: Duration = Duration::from_secs(120);
 
-async fn get(url: &str) -> Result<(u16, String)> {
-    let response = reqwest::get(url)
-        .await
-        .with_context(|| format!("GET {url}"))?;
-    Ok((response.status().as_u16(), response.text().await?))
-}
-
-/// The value of the sample `name{labels}` (labels as written by the exposition, `""` for none).
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    let key = if labels.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{name}{{{labels}}}")
-    };
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// The status write denied (an admission policy refusing every change of `drain-status`): the
 /// drains go on and delete their claims, the failed writes are logged and counted, and once the
 /// denial is lifted the retried write lands.
@@ -70,7 +52,7 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
         "a status was written through the denial"
     );
     let failed = sample(
-        &get(&format!("{admin}/metrics")).await?.1,
+        &http_get(&format!("{admin}/metrics")).await?.1,
         "statefulset_drain_reconcile_errors_total",
         r#"reason="PatchStatusFailed""#,
     );
@@ -368,7 +350,7 @@ async fn sigterm_exits_0_at_once_while_the_watches_cannot_list() -> Result<()> {
         // watches that can list have (well within 3 s).
         let readyz = format!("{}/readyz", controller.admin_url());
         hold(Duration::from_secs(3), "not Ready", || async {
-            let (code, _) = get(&readyz).await?;
+            let (code, _) = http_get(&readyz).await?;
             ensure!(code == 503, "{denied} denied: /readyz answered {code}");
             Ok(())
         })
@@ -398,10 +380,13 @@ async fn metrics_and_health_show_a_drain() -> Result<()> {
     let controller = ControllerProcess::start(&ns.name, &[]);
     let admin = controller.admin_url();
     wait_for(T, "/readyz 200", || async {
-        Ok(get(&format!("{admin}/readyz")).await?.0 == 200)
+        Ok(http_get(&format!("{admin}/readyz")).await?.0 == 200)
     })
     .await?;
-    ensure!(get(&format!("{admin}/livez")).await?.0 == 200, "/livez");
+    ensure!(
+        http_get(&format!("{admin}/livez")).await?.0 == 200,
+        "/livez"
+    );
 
     // One ordinal drains and succeeds; another fails once for good (max attempts 1).
     let script = r#"if [ "$HOSTNAME" = web-1 ]; then exit 3; fi; sleep 1"#;
@@ -422,7 +407,7 @@ async fn metrics_and_health_show_a_drain() -> Result<()> {
     let metrics_url = format!("{admin}/metrics");
     let last = std::sync::Mutex::new(String::new());
     wait_for(T, "metrics of the drains", || async {
-        let text = get(&metrics_url).await?.1;
+        let text = http_get(&metrics_url).await?.1;
         let done = sample(&text, "statefulset_drain_drains_succeeded_total", &labels) == Some(1.0)
             && sample(&text, "statefulset_drain_drains_gave_up_total", &labels) == Some(1.0);
         *last.lock().unwrap() = text;
@@ -538,7 +523,7 @@ async fn a_deleted_set_takes_its_metrics_with_it_and_leaves_its_claims() -> Resu
         T,
         "web's drain in progress and db's gauge in the metrics",
         || async {
-            let text = get(&metrics_url).await?.1;
+            let text = http_get(&metrics_url).await?.1;
             let shown = sample(&text, in_progress, &of("web")) == Some(1.0)
                 && sample(&text, in_progress, &of("db")) == Some(0.0);
             *last.lock().unwrap() = text;
@@ -552,7 +537,7 @@ async fn a_deleted_set_takes_its_metrics_with_it_and_leaves_its_claims() -> Resu
         .delete("web", &DeleteParams::background())
         .await?;
     wait_for(T, "web's series gone from the metrics", || async {
-        let text = get(&metrics_url).await?.1;
+        let text = http_get(&metrics_url).await?.1;
         let gone = !text.contains(&of("web"));
         *last.lock().unwrap() = text;
         Ok(gone)

@@ -130,7 +130,7 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
 -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "retain").await?;
-    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let controller = ControllerProcess::start(&ns.name, &[]);
     start_set(&ns, &retaining_set()).await?;
     wait_running(&ns, &pod_names("web", 0..3)).await?;
     let (pv1, dir1) = volume_of(&ns, "data-web-1").await?;
@@ -213,6 +213,22 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
     ensure!(
         volume(&ns, &pv2).await?.is_some() && owner_on_disk(&dir2)? == "web-2",
         "the restored volume is kept with its data"
+    );
+    // The sweep's own requests (it alone lists volumes; it released two) are counted.
+    let metrics = http_get(&format!("{}/metrics", controller.admin_url()))
+        .await?
+        .1;
+    let counted = |verb: &str| {
+        sample(
+            &metrics,
+            "statefulset_drain_kube_requests_total",
+            &format!(r#"verb="{verb}",resource="persistentvolumes",code="200""#),
+        )
+        .unwrap_or(0.0)
+    };
+    ensure!(
+        counted("list") >= 1.0 && counted("patch") >= 4.0,
+        "the sweep's list and the patches of volumes counted (2 retained, 2 released):\n{metrics}"
     );
     let after = drain_status_plugin(&["--volumes", "-n", &ns.name]);
     ensure!(

@@ -188,6 +188,7 @@ pub async fn run(
         shared.config.namespaces.clone(),
         Arc::clone(&shared.retained),
         FIELD_MANAGER,
+        Arc::clone(&shared.metrics),
     ));
     let shutdown = shutdown.shared();
     let mut readiness = Vec::new();

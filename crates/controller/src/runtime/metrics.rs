@@ -9,7 +9,7 @@
 //! | `drains_started_total` | counter | drain pods created (every attempt) |
 //! | `drains_retried_total` | counter | of those, attempts after the first |
 //! | `drains_succeeded_total` | counter | drains proven successful (claims deleted) |
-//! | `drains_failed_total{kind}` | counter | failed attempts: `failed`, `stuck`, `stalled`, `deadline_exceeded`, `vanished` |
+//! | `drains_failed_total{kind}` | counter | failed attempts: `failed`, `stuck`, `stalled`, `deadline_exceeded`, `vanished`, `unproven` |
 //! | `drains_interrupted_total` | counter | drain pods that exited 0 after being asked to stop (not a success) |
 //! | `drains_gave_up_total` | counter | ordinals whose retrying stopped (limit or deadline) |
 //! | `drains_in_progress` | gauge | ordinals with a drain pod (draining or stuck) |
@@ -60,7 +60,7 @@ pub struct FailureLabels {
     pub namespace: String,
     /// Its name.
     pub statefulset: String,
-    /// `failed`, `stuck`, `stalled`, `deadline_exceeded` or `vanished`.
+    /// `failed`, `stuck`, `stalled`, `deadline_exceeded`, `vanished` or `unproven`.
     pub kind: String,
 }
 
@@ -81,9 +81,10 @@ pub struct ReasonLabels {
 /// An API request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// `get`, `create`, `patch`, `delete`.
+    /// `get`, `list`, `create`, `patch`, `delete`.
     pub verb: String,
-    /// `pods`, `persistentvolumeclaims`, `statefulsets`, `events`.
+    /// `pods`, `persistentvolumeclaims`, `persistentvolumes`, `statefulsets` (Events are not
+    /// counted).
     pub resource: String,
     /// HTTP status, `0` when no answer came.
     pub code: String,

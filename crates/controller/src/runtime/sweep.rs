@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::retain::{SweepStep, sweep_step};
 use crate::runtime::leader::Leadership;
+use crate::runtime::metrics::Metrics;
 
 /// Longest the sweep sleeps without being woken (a retention written by another replica, a
 /// restore done by hand, a missed wake-up are seen within this).
@@ -24,15 +25,19 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(300);
 const SWEEP_RETRY: Duration = Duration::from_secs(30);
 
 /// One pass: releases the volumes whose retention is over; returns the earliest end of the
-/// others. Only volumes of claims in `namespaces` (empty: any namespace) are looked at.
+/// others. Only volumes of claims in `namespaces` (empty: any namespace) are looked at. Its
+/// requests count in `metrics` like the reconciles' own.
 async fn sweep_once(
     api: &Api<PersistentVolume>,
     namespaces: &[String],
     field_manager: &str,
+    metrics: &Metrics,
 ) -> Result<Option<Timestamp>, kube::Error> {
     let listed = api
         .list(&ListParams::default().labels(&format!("{}=true", retained::LABEL)))
-        .await?;
+        .await;
+    metrics.request("list", "persistentvolumes", &listed);
+    let listed = listed?;
     let now = Timestamp::now();
     let pp = PatchParams {
         field_manager: Some(field_manager.to_owned()),
@@ -45,7 +50,9 @@ async fn sweep_once(
             SweepStep::Skip => {}
             SweepStep::Wait(until) => next = Some(next.map_or(until, |n| n.min(until))),
             SweepStep::Release { patch, why } => {
-                match api.patch(name, &pp, &Patch::Merge(patch)).await {
+                let released = api.patch(name, &pp, &Patch::Merge(patch)).await;
+                metrics.request("patch", "persistentvolumes", &released);
+                match released {
                     Ok(_) => info!(volume = name, why, "retained volume released"),
                     // Changed meanwhile: read again at the next pass, soon.
                     Err(e) => {
@@ -68,13 +75,14 @@ pub async fn sweep(
     namespaces: Vec<String>,
     wake: Arc<Notify>,
     field_manager: &'static str,
+    metrics: Arc<Metrics>,
 ) {
     let api: Api<PersistentVolume> = Api::all(client);
     let mut denied_reported = false;
     loop {
         let mut wait = SWEEP_EVERY;
         if leadership.is_leading() {
-            match sweep_once(&api, &namespaces, field_manager).await {
+            match sweep_once(&api, &namespaces, field_manager, &metrics).await {
                 Ok(next) => {
                     denied_reported = false;
                     if let Some(next) = next {
