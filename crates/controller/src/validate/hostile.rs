@@ -13,8 +13,8 @@ use super::*;
 use crate::fixtures::{SetBuilder, drain_template_json};
 use crate::plan::{self, Action, Claim, DrainRecord, Snapshot};
 
-/// Every reason a validation problem may carry.
-const REASONS: [&str; 8] = [
+/// Every reason a validation problem may carry (`TemplateError::reason` and `ConfigError::reason`).
+const REASONS: [&str; 10] = [
     "InvalidDrainTemplate",
     "InvalidDrainAnnotation",
     "RestartPolicyAlways",
@@ -23,6 +23,8 @@ const REASONS: [&str; 8] = [
     "ClaimsDeletedOnScaleDown",
     "NoClaimTemplates",
     "MissingDrainTemplate",
+    "ProbeUnderExitCodeProof",
+    "ForeignClaimInDrainTemplate",
 ];
 
 /// The settings annotations, each given a generated value.
