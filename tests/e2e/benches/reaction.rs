@@ -30,6 +30,11 @@
 //!   sent → its Added event, 100 before the cycles and one every 500 ms during them (one write
 //!   each, little load of its own); and a Pod the same way, 100 before the cycles.
 //!
+//! Each ratio to the floor comes with its 90% interval over the rounds
+//! ([`e2e::stats::ratio_interval`]): a burst's ten samples share their moment, so the rounds,
+//! not the samples, are what a run has of each (40 bursts, 100 singles), and two runs of one
+//! binary differ by about as much as that interval says.
+//!
 //! Run by `tests/bench/run`.
 
 #[allow(dead_code)] // each bench uses a part of what they share
@@ -46,6 +51,7 @@ use drain_api::labels::DRAIN_POD;
 use e2e::objects::drain_template_without_record;
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
+use e2e::stats::ratio_interval;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::ListParams;
@@ -66,28 +72,49 @@ enum Cycle {
     AfterIdle,
 }
 
-/// The samples of one side, by kind of cycle.
+/// The samples of one side, each with its round (its cycle's place in the schedule, the same
+/// for every side) and its kind of cycle.
 #[derive(Default)]
 struct Samples {
-    reactions: Vec<(Cycle, Duration)>,
-    cleanups: Vec<(Cycle, Duration)>,
+    reactions: Vec<(usize, Cycle, Duration)>,
+    cleanups: Vec<(usize, Cycle, Duration)>,
 }
 
 impl Samples {
     fn reactions(&self, of: &[Cycle]) -> Vec<Duration> {
-        pick(&self.reactions, of)
+        untag(&pick(&self.reactions, of))
     }
     fn cleanups(&self, of: &[Cycle]) -> Vec<Duration> {
+        untag(&pick(&self.cleanups, of))
+    }
+    /// The reactions of those kinds, with their rounds.
+    fn reactions_by_round(&self, of: &[Cycle]) -> Vec<(usize, Duration)> {
+        pick(&self.reactions, of)
+    }
+    /// The cleanups of those kinds, with their rounds.
+    fn cleanups_by_round(&self, of: &[Cycle]) -> Vec<(usize, Duration)> {
         pick(&self.cleanups, of)
     }
 }
 
-fn pick(samples: &[(Cycle, Duration)], of: &[Cycle]) -> Vec<Duration> {
+fn pick(samples: &[(usize, Cycle, Duration)], of: &[Cycle]) -> Vec<(usize, Duration)> {
     samples
         .iter()
-        .filter(|(c, _)| of.contains(c))
-        .map(|(_, d)| *d)
+        .filter(|(_, c, _)| of.contains(c))
+        .map(|(r, _, d)| (*r, *d))
         .collect()
+}
+
+fn untag(samples: &[(usize, Duration)]) -> Vec<Duration> {
+    samples.iter().map(|(_, d)| *d).collect()
+}
+
+/// ` (90% lo-hi)`: the interval of the ratio of `a`'s and `b`'s `q` quantiles, rounds
+/// resampled ([`ratio_interval`]); nothing without a round both have.
+fn interval(a: &[(usize, Duration)], b: &[(usize, Duration)], q: f64) -> String {
+    ratio_interval(a, b, q)
+        .map(|(_, lo, hi)| format!(" (90% {lo:.2}-{hi:.2})"))
+        .unwrap_or_default()
 }
 
 /// One side: a namespace, this program's watches of it, the label of its drain pods, and the
@@ -127,10 +154,41 @@ impl Side {
         })
     }
 
+    /// What a cycle whose wait timed out is left with: the removed ordinals' claims and the
+    /// drain pods still there, each described (their state says whose step is missing).
+    async fn left_over(&self, removed: &[String]) -> String {
+        let mut lines = Vec::new();
+        let claims = self.ns.api::<PersistentVolumeClaim>();
+        match claims.list(&ListParams::default()).await {
+            Ok(list) => lines.extend(
+                list.items
+                    .iter()
+                    .filter(|c| {
+                        c.metadata
+                            .name
+                            .as_ref()
+                            .is_some_and(|n| removed.contains(n))
+                    })
+                    .map(describe_claim),
+            ),
+            Err(e) => lines.push(format!("could not list the claims: {e}")),
+        }
+        let drains = ListParams::default().labels(self.drain_label);
+        match self.ns.api::<Pod>().list(&drains).await {
+            Ok(list) => lines.extend(list.items.iter().map(describe_pod)),
+            Err(e) => lines.push(format!("could not list the drain pods: {e}")),
+        }
+        format!(
+            "{} left, after the cycle's wait:\n{}",
+            self.name,
+            lines.join("\n")
+        )
+    }
+
     /// Runs one cycle: scale down (to 0 or by one), wait until every removed ordinal's claim is
     /// gone and no drain pod is left, scale back up and wait until every pod runs. The samples
     /// the watches took meanwhile are this cycle's.
-    async fn cycle(&mut self, cycle: Cycle) -> Result<()> {
+    async fn cycle(&mut self, round: usize, cycle: Cycle) -> Result<()> {
         let to = match cycle {
             Cycle::Burst => 0,
             Cycle::Single | Cycle::AfterIdle => self.replicas - 1,
@@ -147,7 +205,7 @@ impl Side {
             .map(|o| format!("data-web-{o}"))
             .collect();
         let scaled = std::time::Instant::now();
-        wait_for(CYCLE_TIMEOUT, "the removed ordinals drained", || async {
+        let drained = wait_for(CYCLE_TIMEOUT, "the removed ordinals drained", || async {
             let left = claims.list_metadata(&ListParams::default()).await?.items;
             let left: Vec<&str> = left
                 .iter()
@@ -183,7 +241,10 @@ impl Side {
             let drains = self.ns.api::<Pod>().list_metadata(&drains).await?.items;
             Ok(left.is_empty() && drains.is_empty())
         })
-        .await?;
+        .await;
+        if let Err(e) = drained {
+            return Err(e.context(self.left_over(&removed).await));
+        }
         // The last claim's event may trail the list that no longer has it.
         tokio::time::sleep(Duration::from_millis(300)).await;
         {
@@ -195,12 +256,16 @@ impl Side {
                 self.name,
                 seen.reactions.len() - reactions0
             );
-            self.samples
-                .reactions
-                .extend(seen.reactions[reactions0..].iter().map(|d| (cycle, *d)));
-            self.samples
-                .cleanups
-                .extend(seen.cleanups[cleanups0..].iter().map(|d| (cycle, *d)));
+            self.samples.reactions.extend(
+                seen.reactions[reactions0..]
+                    .iter()
+                    .map(|d| (round, cycle, *d)),
+            );
+            self.samples.cleanups.extend(
+                seen.cleanups[cleanups0..]
+                    .iter()
+                    .map(|d| (round, cycle, *d)),
+            );
         }
         scale(&self.ns, "web", self.replicas).await?;
         wait_running(&self.ns, &pod_names("web", 0..self.replicas)).await
@@ -313,7 +378,7 @@ async fn main() -> Result<()> {
                     eprintln!("idle for {} s", idle.as_secs());
                     tokio::time::sleep(idle).await;
                 }
-                side.cycle(*cycle).await?;
+                side.cycle(i, *cycle).await?;
             }
             eprintln!("cycle {}/{total} ({cycle:?}) done", i + 1);
             made = i + 1;
@@ -362,21 +427,31 @@ async fn main() -> Result<()> {
         report.push(line90(&format!("  floor, {what}"), &b));
         let pa = p.reactions(kinds);
         report.push(line90(&format!("  2018 PoC, {what}"), &pa));
-        for (who, x) in [("controller", &a), ("2018 PoC", &pa)] {
+        let fb = f.reactions_by_round(kinds);
+        for (who, x, xb) in [
+            ("controller", &a, c.reactions_by_round(kinds)),
+            ("2018 PoC", &pa, p.reactions_by_round(kinds)),
+        ] {
             report.push(format!(
-                "  {who} / floor, {what}: p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}",
+                "  {who} / floor, {what}: p50 {:.2}{}  p90 {:.2}  p99 {:.2}{}  max {:.2}",
                 ratio(x, &b, 0.5),
+                interval(&xb, &fb, 0.5),
                 ratio(x, &b, 0.9),
                 ratio(x, &b, 0.99),
+                interval(&xb, &fb, 0.99),
                 ratio(x, &b, 1.0)
             ));
         }
     }
+    let (crr, frr) = (c.reactions_by_round(&all), f.reactions_by_round(&all));
+    let (ccr, fcr) = (c.cleanups_by_round(&all), f.cleanups_by_round(&all));
     report.extend([
         format!(
-            "  goal: p50 <= 1.15x the floor ({:.2}), p99 <= 1.3x the floor ({:.2})",
+            "  goal: p50 <= 1.15x the floor ({:.2}{}), p99 <= 1.3x the floor ({:.2}{})",
             ratio(&cr, &fr, 0.5),
-            ratio(&cr, &fr, 0.99)
+            interval(&crr, &frr, 0.5),
+            ratio(&cr, &fr, 0.99),
+            interval(&crr, &frr, 0.99)
         ),
         String::new(),
         "drain finished (containers exited 0) -> claim deleted".to_owned(),
@@ -384,15 +459,22 @@ async fn main() -> Result<()> {
         line90("  floor (one API write after the event)", &fc),
         line90("  2018 PoC (acts on the phase Succeeded)", &p.cleanups(&all)),
         format!(
-            "  controller / floor: p50 {:.2}  p99 {:.2}; controller p50 / bare watch p50 during the cycles: {:.2}",
+            "  controller / floor: p50 {:.2}{}  p99 {:.2}{}; controller p50 / bare watch p50 during the cycles: {:.2}",
             ratio(&cc, &fc, 0.5),
+            interval(&ccr, &fcr, 0.5),
             ratio(&cc, &fc, 0.99),
+            interval(&ccr, &fcr, 0.99),
             quantile(&cc, 0.5) / quantile(&during.configmaps, 0.5)
         ),
         format!(
-            "  goal: p50 <= 1.15x one API write round trip ({:.2} of the floor's)",
-            ratio(&cc, &fc, 0.5)
+            "  goal: p50 <= 1.15x one API write round trip ({:.2}{} of the floor's)",
+            ratio(&cc, &fc, 0.5),
+            interval(&ccr, &fcr, 0.5)
         ),
+        String::new(),
+        "90%: the ratio's interval over the rounds (a paired cluster bootstrap: a burst's samples \
+         share their moment, so whole rounds are resampled; e2e::stats::ratio_interval)"
+            .to_owned(),
         String::new(),
         format!(
             "wall time of the cycles: {:.1} s, {made} of {total} cycles{}; samples: controller {} reactions, {} cleanups; floor {} reactions, {} cleanups; 2018 PoC {} reactions, {} cleanups",

@@ -20,6 +20,7 @@ pub mod kruise;
 pub mod objects;
 pub mod ops;
 pub mod redis;
+pub mod stats;
 pub mod suite;
 pub mod witness;
 

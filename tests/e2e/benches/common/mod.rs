@@ -460,14 +460,10 @@ pub fn summary(samples: &[Duration]) -> (f64, f64, f64, usize) {
     (at(0.5), at(0.99), *ms.last().unwrap_or(&0.0), ms.len())
 }
 
-/// The `q` quantile (0..=1) of `samples`, in milliseconds (0 without samples).
+/// The `q` quantile (0..=1) of `samples`, in milliseconds (0 without samples):
+/// [`e2e::stats::quantile`].
 pub fn quantile(samples: &[Duration], q: f64) -> f64 {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    ms.sort_by(f64::total_cmp);
-    if ms.is_empty() {
-        return 0.0;
-    }
-    ms[((ms.len() as f64 - 1.0) * q).round() as usize]
+    e2e::stats::quantile(samples, q)
 }
 
 /// One line of figures with p90: `what`, the number of samples, p50, p90, p99, max.
