@@ -22,13 +22,17 @@ use serde_json::json;
 /// Long enough to look at a retained volume and restore one; short enough to see one freed.
 const RETAIN_FOR: &str = "40s";
 
-/// The set `web` of 3, Parallel, whose drain pods succeed at once, retaining for `RETAIN_FOR`.
+/// The set `web` of 3, Parallel, whose drain pods succeed after 3 s, retaining for
+/// `RETAIN_FOR`. Not at once: a restore creates the claim and then scales the set up, and the
+/// drain the controller starts on the claim in between must still be running when the scale-up
+/// cancels it, as a real drain would be (an instant one finished first, in 1 of 2 runs, and the
+/// restored claim was drained again; its volume retained again).
 fn retaining_set() -> SetBuilder {
     SetBuilder::new("web")
         .parallel()
         .annotation(
             annotations::DRAINER_POD_TEMPLATE,
-            drain_template("true", &["data"], json!({})),
+            drain_template("sleep 3", &["data"], json!({})),
         )
         .annotation(annotations::RETAIN_VOLUME_FOR, RETAIN_FOR)
 }
