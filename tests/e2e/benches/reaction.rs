@@ -279,12 +279,9 @@ fn schedule(bursts: usize, singles: usize, idle: usize) -> Vec<Cycle> {
         .chain(std::iter::repeat_n(Cycle::Single, singles))
         .chain(std::iter::repeat_n(Cycle::AfterIdle, idle))
         .collect();
-    let mut state: u64 = 0x5eed_2027;
+    let mut order = e2e::stats::Lcg::new();
     for i in (1..cycles.len()).rev() {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        cycles.swap(i, (state >> 33) as usize % (i + 1));
+        cycles.swap(i, order.below(i + 1));
     }
     cycles
 }

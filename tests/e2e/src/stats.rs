@@ -15,6 +15,33 @@ pub const DRAWS: usize = 2000;
 /// One round's samples: the first side's and the second's.
 type Round = (Vec<Duration>, Vec<Duration>);
 
+/// A small linear congruential generator: the same numbers every run (the reaction
+/// benchmark's shuffled schedule, [`ratio_interval`]'s draws; `tests/bench/trace-figures` has
+/// its twin).
+pub struct Lcg(u64);
+
+impl Lcg {
+    /// Starts from the seed both users share.
+    pub fn new() -> Self {
+        Self(0x5eed_2027)
+    }
+
+    /// The next index below `n` (`n` > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as usize % n
+    }
+}
+
+impl Default for Lcg {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The `q` quantile (0..=1) of `samples`, in milliseconds (0 without samples): the sample at
 /// rank `round((n - 1) q)`, no interpolation.
 pub fn quantile(samples: &[Duration], q: f64) -> f64 {
@@ -55,15 +82,12 @@ pub fn ratio_interval(
     let first: Vec<Duration> = both.iter().flat_map(|r| r.0.iter().copied()).collect();
     let second: Vec<Duration> = both.iter().flat_map(|r| r.1.iter().copied()).collect();
     let point = quantile(&first, q) / quantile(&second, q);
-    let mut state: u64 = 0x5eed_2027;
+    let mut draw = Lcg::new();
     let mut ratios = Vec::with_capacity(DRAWS);
     for _ in 0..DRAWS {
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for _ in 0..both.len() {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let (xs, ys) = both[(state >> 33) as usize % both.len()];
+            let (xs, ys) = both[draw.below(both.len())];
             x.extend_from_slice(xs);
             y.extend_from_slice(ys);
         }
