@@ -77,6 +77,19 @@ pub enum Error {
     /// Installing the signal handlers failed.
     #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The completion record handed to this container names a claim its drain does not drain:
+    /// writing it would prove that claim drained. Checked before any data moves.
+    #[error(
+        "the completion record of this container names claims {named}, but it drains only {drained} \
+         (at the data directory): it would prove the others drained. Mount in this container only \
+         the claim it drains, and drain each other claim in a container of its own"
+    )]
+    RecordNamesUndrained {
+        /// The claims the record names.
+        named: String,
+        /// The claim drained (or `one claim`, unchecked).
+        drained: String,
+    },
     /// The drain finished but its completion record could not be written.
     #[error("failed to write the completion record to {path}")]
     WriteCompletionRecord {
@@ -100,6 +113,7 @@ impl Error {
             Self::Hook(e) => e.reason(),
             Self::Signals(_) => "Signals",
             Self::WriteCompletionRecord { .. } => "WriteCompletionRecord",
+            Self::RecordNamesUndrained { .. } => "RecordNamesUndrained",
         }
     }
 }
@@ -125,9 +139,12 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
     let source = KubePeers::new(target(drain, &args.peers)?);
     // The local check first (no API needed), then the drain pod's spec against the set's.
     redistribute::check_data_dir(&args.data_dir, args.allow_unmounted_data_dir)?;
-    if !args.allow_unmounted_data_dir {
-        verify_claim_mount(drain, &args.data_dir).await?;
-    }
+    let drained = if args.allow_unmounted_data_dir {
+        None
+    } else {
+        Some(verify_claim_mount(drain, &args.data_dir).await?.claim)
+    };
+    check_record_names_only(drain, drained.as_deref())?;
     let progress = if args.no_progress_annotation {
         None
     } else {
@@ -168,6 +185,31 @@ async fn run_redistribute(drain: &DrainContext, args: RedistributeArgs) -> Resul
     );
     record_completion(drain)?;
     Ok(drain_api::exit_codes::SUCCESS)
+}
+
+/// Fails unless the completion record handed to this container names no claim but `drained`,
+/// the one claim this drain drains (`None`: not checked, under `--allow-unmounted-data-dir`;
+/// then the record may name at most one claim). A template that mounts a second claim into a
+/// container draining one directory cannot get that claim's undrained data deleted.
+pub fn check_record_names_only(drain: &DrainContext, drained: Option<&str>) -> Result<(), Error> {
+    let Some(record) = drain
+        .completion_record
+        .as_deref()
+        .and_then(drain_api::completion::CompletionRecord::parse)
+    else {
+        return Ok(());
+    };
+    let fits = match drained {
+        Some(claim) => record.claims.keys().all(|named| named == claim),
+        None => record.claims.len() <= 1,
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(Error::RecordNamesUndrained {
+        named: record.claims.keys().cloned().collect::<Vec<_>>().join(", "),
+        drained: drained.map_or_else(|| "one directory".to_owned(), |c| format!("claim {c}")),
+    })
 }
 
 /// After a finished drain, and only then: writes the completion record the controller handed
@@ -231,7 +273,10 @@ pub fn record_failure(drain: &DrainContext, error: &Error) {
 /// it fails ([`Error::ClaimMountUnchecked`], naming what is missing) and the claim stays.
 /// `--allow-unmounted-data-dir` is the one way to skip it. Other API errors fail the attempt
 /// too (retried).
-async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Result<(), Error> {
+async fn verify_claim_mount(
+    drain: &DrainContext,
+    dir: &std::path::Path,
+) -> Result<claim_mount::ClaimMount, Error> {
     let unchecked = |missing: String| Error::ClaimMountUnchecked { missing };
     let (Some(ns), Some(pod), Some(set)) = (&drain.namespace, &drain.pod_name, &drain.statefulset)
     else {
@@ -288,7 +333,7 @@ async fn verify_claim_mount(drain: &DrainContext, dir: &std::path::Path) -> Resu
     };
     let mount = claim_mount::check(&pod_obj, &set_obj, dir)?;
     tracing::info!(data_dir = %dir.display(), claim = %mount.claim, volume = %mount.volume, sub_path = ?mount.sub_path, "data directory is the drained claim");
-    Ok(())
+    Ok(mount)
 }
 
 /// Publishes progress on this drain pod when the context names it and a client can be built.
@@ -388,6 +433,7 @@ async fn run_exec(drain: &DrainContext, args: ExecArgs) -> Result<i32, Error> {
     if !args.allow_unmounted_data_dir {
         verify_claim_mount(drain, &args.data_dir).await?;
     }
+    // The hook is the user's: it may drain every claim its container mounts, as its record says.
     let discovery = if args.no_peers {
         hook::Discovery::Disabled
     } else {

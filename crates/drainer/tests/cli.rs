@@ -412,3 +412,50 @@ fn peer_traffic_ignores_the_proxy_from_the_environment() {
         Some(&b"value"[..])
     );
 }
+
+#[test]
+fn redistribute_refuses_a_record_naming_a_claim_it_does_not_drain() {
+    // A container that mounts a second claim (to satisfy the template check) while it drains
+    // one directory: its record names both, and writing it would prove the second drained.
+    let home = tempfile::tempdir().unwrap();
+    let log = home.path().join("termination-log");
+    let two =
+        r#"{"drainCompleted":{"claims":{"data-datastore-2":"u-2","index-datastore-2":"u-3"}}}"#;
+    let (code, stderr) = run(drainer(home.path())
+        .env("DRAIN_COMPLETION_RECORD", two)
+        .args(["redistribute"]));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "names claims data-datastore-2, index-datastore-2, but it drains only one directory"
+        ),
+        "{stderr}"
+    );
+    assert!(holds_no_record(&log), "the record was written: {stderr}");
+}
+
+#[test]
+fn a_record_may_name_only_the_claim_the_drain_verified() {
+    use drainer::{Error, check_record_names_only, cli::DrainContext};
+    let context = |record: &str| DrainContext {
+        completion_record: Some(record.to_owned()),
+        ..DrainContext::default()
+    };
+    let two =
+        r#"{"drainCompleted":{"claims":{"data-datastore-2":"u-2","index-datastore-2":"u-3"}}}"#;
+    assert!(check_record_names_only(&context(RECORD), Some("data-datastore-2")).is_ok());
+    assert!(check_record_names_only(&context(RECORD), None).is_ok());
+    for (record, drained) in [
+        (RECORD, Some("index-datastore-2")),
+        (two, Some("data-datastore-2")),
+        (two, None),
+    ] {
+        assert!(
+            matches!(
+                check_record_names_only(&context(record), drained),
+                Err(Error::RecordNamesUndrained { .. })
+            ),
+            "{record} {drained:?}"
+        );
+    }
+}
