@@ -180,6 +180,18 @@ impl Checked {
             .script(drain)
     }
 
+    /// As [`Checked::drain_script`], reporting only the claim of `template`
+    /// ([`Witness::claim_script`]): for a container that drains one claim of several.
+    ///
+    /// # Panics
+    /// When the scenario's I1 is not judged from the witness (a mistake in the scenario).
+    pub fn claim_drain_script(&self, drain: &str, template: &str) -> String {
+        self.witness
+            .as_ref()
+            .unwrap_or_else(|| panic!("[{}] has no witness to report to", self.scenario))
+            .claim_script(drain, template)
+    }
+
     /// The recorder (e.g. to wait for it to list again after an API server restart).
     pub fn recorder(&self) -> &Recorder {
         &self.recorder

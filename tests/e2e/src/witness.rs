@@ -94,6 +94,24 @@ impl Witness {
         )
     }
 
+    /// The shell step that reports, in place of the record handed to the container, the one
+    /// claim of claim template `template` this container drained (`<template>-$DRAIN_POD_NAME`,
+    /// its UID read from the record): the report names only what the script itself drained,
+    /// whatever the record handed to it names, so the checker judges each claim by the
+    /// container that drains it.
+    pub fn claim_report_step(&self, template: &str) -> String {
+        format!(
+            r#"claim="{template}-$DRAIN_POD_NAME"; uid=$(printf '%s' "$DRAIN_COMPLETION_RECORD" | sed -n "s/.*\"$claim\":\"\([^\"]*\)\".*/\1/p"); [ "$(printf '{{"drainCompleted":{{"claims":{{"%s":"%s"}}}}}}\n' "$claim" "$uid" | timeout 10 nc -w 3 {} {})" = ok ]"#,
+            self.addr.ip(),
+            self.addr.port()
+        )
+    }
+
+    /// As [`Witness::script`], reporting only the claim of `template` ([`Witness::claim_report_step`]).
+    pub fn claim_script(&self, drain: &str, template: &str) -> String {
+        format!("{drain}\n{}", self.claim_report_step(template))
+    }
+
     /// A drain script that runs `drain` and then, as its last step, reports to the witness: its
     /// status is the report's (0 only if delivered), so a drain template that writes the
     /// completion record after a script that succeeded (`e2e::objects::drain_template`) writes
@@ -221,6 +239,27 @@ mod tests {
         assert!(!log.exists());
         assert_eq!(witness.reports().len(), 1);
         assert!(witness.rejected().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_claim_report_names_only_the_claim_its_container_drained() {
+        let witness = Witness::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+            .await
+            .expect("listen");
+        let both = r#"{"drainCompleted":{"claims":{"data-web-2":"u-2","index-web-2":"u-3"}}}"#;
+        let status = tokio::process::Command::new("busybox")
+            .args(["sh", "-c", &witness.claim_script("true", "index")])
+            .env("DRAIN_COMPLETION_RECORD", both)
+            .env("DRAIN_POD_NAME", "web-2")
+            .stdin(std::process::Stdio::null())
+            .status()
+            .await
+            .expect("run busybox");
+        assert!(status.success());
+        let reports = witness.reports();
+        assert_eq!(reports.len(), 1, "{:?}", witness.rejected());
+        assert!(reports[0].names("index-web-2", "u-3"));
+        assert!(!reports[0].names("data-web-2", "u-2"));
     }
 
     #[tokio::test]

@@ -58,6 +58,29 @@ fn drain_set(checked: &Checked, name: &str, script: &str) -> SetBuilder {
     )
 }
 
+/// A set with claims `data` and `index`, each drained by a container of its own running
+/// `script` (on its own claim's mount: `/data`, `/index`) that then reports only its own claim
+/// to the witness: I1 is judged per claim, by the container that drains it.
+fn per_claim_drain_set(checked: &Checked, name: &str, script: &str) -> SetBuilder {
+    let data = checked.claim_drain_script(script, "data");
+    let index = checked.claim_drain_script(&script.replace("/data", "/index"), "index");
+    let template = edit_template(&drain_template(&data, &["data"], json!({})), |t| {
+        let mut second = t["spec"]["containers"][0].clone();
+        let command = drain_template(&index, &["index"], json!({}));
+        let command: serde_json::Value = serde_json::from_str(&command).expect("json");
+        second["name"] = json!("index");
+        second["command"] = command["spec"]["containers"][0]["command"].clone();
+        second["volumeMounts"] = json!([{"name": "index", "mountPath": "/index"}]);
+        t["spec"]["containers"]
+            .as_array_mut()
+            .expect("containers")
+            .push(second);
+    });
+    SetBuilder::new(name)
+        .claims(&["data", "index"])
+        .annotation(DRAINER_POD_TEMPLATE, template)
+}
+
 /// The controller SIGKILLed at least 50 times at random instants while two sets (OrderedReady
 /// and Parallel) flap between sizes (down, up again within seconds, to 0 and back) and their
 /// drain pods fail, are deleted and are evicted (exiting 0 on SIGTERM).
@@ -351,7 +374,8 @@ async fn two_replicas_with_the_leader_killed_mid_drain() -> Result<()> {
 /// Two controllers without leader election acting on the same sets at once (a misconfigured
 /// install: a Deployment scaled to 2, or two installs watching one namespace), while a Parallel
 /// set flaps and its drain pods fail once and exit 0 on SIGTERM: every action is idempotent and
-/// every delete preconditioned, so I1–I3 hold with both racing for each create and delete.
+/// every delete preconditioned, so I1–I3 hold with both racing for each create and delete. The
+/// set has two claims, each drained by a container of its own that reports only its claim.
 #[tokio::test]
 async fn two_controllers_without_leader_election_at_once() -> Result<()> {
     const SCENARIO: &str = "unelected";
@@ -360,7 +384,7 @@ async fn two_controllers_without_leader_election_at_once() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "fault-unelected").await?;
     let checked = Checked::start(&client, &ns, SCENARIO, I1From::Witness).await?;
-    let set = drain_set(&checked, "web", FLAKY_DRAIN)
+    let set = per_claim_drain_set(&checked, "web", FLAKY_DRAIN)
         .replicas(4)
         .parallel();
     start_set(&ns, &set).await?;
