@@ -97,8 +97,13 @@ pub mod claim_annotations {
     /// a later deletion request cannot make an observed success unknown. Proof only while that
     /// pod still holds the ordinal's name.
     pub const SUCCEEDED_POD_UID: &str = "statefulsets.kubernetes.io/drain-succeeded-pod-uid";
+    /// On a claim restored from a retained volume (the claim `kubectl drain-status --volumes`
+    /// prints carries it, value `restored`): the claim is held, not drained, while its ordinal
+    /// is out of range, until the set brings its pod back (which clears it with the record) or
+    /// a person removes it.
+    pub const HOLD: &str = "statefulsets.kubernetes.io/drain-hold";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
@@ -109,6 +114,7 @@ pub mod claim_annotations {
         RETURNED_AT,
         APPROVED,
         SUCCEEDED_POD_UID,
+        HOLD,
     ];
 }
 

@@ -150,15 +150,16 @@ pub fn restore_steps(v: &RetainedVolume) -> String {
         "To restore volume {name} as claim {claim} in namespace {namespace}:\n\
          \x20 # 1. Bind the volume to that claim name only (nothing else can take it):\n\
          \x20 kubectl patch pv {name} --type merge -p '{{\"spec\": {{\"claimRef\": {{\"namespace\": \"{namespace}\", \"name\": \"{claim}\", \"uid\": null, \"resourceVersion\": null}}}}}}'\n\
-         \x20 # 2. Create the claim on it and, at once, scale statefulset {set} up to bring its pod\n\
-         \x20 #    back onto it (a claim left without its pod is drained again; with\n\
-         \x20 #    drain-on-scale-up: cancel, the default, a drain started in between is cancelled).\n\
+         \x20 # 2. Create the claim on it and scale statefulset {set} up to bring its pod back onto\n\
+         \x20 #    it. The claim is marked held ({hold}): it is not drained while its\n\
+         \x20 #    pod is away; the scale-up clears the mark (remove it to drain the claim instead).\n\
          \x20 #    With spec.ordinals.start S, use S fewer replicas. First delete a claim {claim}\n\
          \x20 #    made since, if it holds nothing you need.\n\
-         \x20 kubectl create -n {namespace} -f - <<< '{{\"apiVersion\": \"v1\", \"kind\": \"PersistentVolumeClaim\", \"metadata\": {{\"name\": \"{claim}\"}}, \"spec\": {{{spec}}}}}' && kubectl scale -n {namespace} statefulset {set} --replicas={replicas}\n\
+         \x20 kubectl create -n {namespace} -f - <<< '{{\"apiVersion\": \"v1\", \"kind\": \"PersistentVolumeClaim\", \"metadata\": {{\"name\": \"{claim}\", \"annotations\": {{\"{hold}\": \"restored\"}}}}, \"spec\": {{{spec}}}}}' && kubectl scale -n {namespace} statefulset {set} --replicas={replicas}\n\
          \x20 # Once the claim is bound, the controller puts the volume's original reclaim policy\n\
          \x20 # back: an ordinary claim again. To only read the data, bind it under another claim\n\
-         \x20 # name instead (one the set does not use) and mount it in a pod of your own.\n"
+         \x20 # name instead (one the set does not use) and mount it in a pod of your own.\n",
+        hold = drain_api::claim_annotations::HOLD,
     )
 }
 
@@ -234,6 +235,11 @@ mod tests {
         );
         let claim: serde_json::Value = serde_json::from_str(json).unwrap();
         assert_eq!(claim["metadata"]["name"], "data-web-2");
+        // Held: not drained again while its pod is away.
+        assert_eq!(
+            claim["metadata"]["annotations"][drain_api::claim_annotations::HOLD],
+            "restored"
+        );
         assert_eq!(claim["spec"]["volumeName"], "pvc-1234");
         assert_eq!(claim["spec"]["storageClassName"], "standard");
         assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "64Mi");
