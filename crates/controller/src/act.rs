@@ -26,7 +26,7 @@ use steps::{
 use context::names;
 pub use context::{ActCtx, Outcome};
 pub use errors::ActError;
-pub use events::{dry_run_event, events};
+pub use events::{NOTE_BYTES, dry_run_event, events, fit_note};
 pub use seam::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject};
 
 /// Carries out `actions`: each ordinal's in order up to its first failure, every ordinal

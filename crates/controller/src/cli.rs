@@ -32,6 +32,11 @@ pub struct Args {
     /// this long after its creation is stuck: a failed attempt, deleted and retried.
     #[arg(long, env = "DRAIN_CONTROLLER_STUCK_AFTER", default_value = "5m", value_parser = humantime::parse_duration)]
     pub stuck_after: Duration,
+    /// A running drain pod that published no progress and changed no container state this long
+    /// is quiet: a Warning DrainQuiet, once, and the quiet_drains metric; it is left running
+    /// (drain-stall-seconds makes such a drain a failed attempt). 0 never warns.
+    #[arg(long, env = "DRAIN_CONTROLLER_QUIET_AFTER", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub quiet_after: Duration,
     /// A drain pod whose containers restarted this many times is stuck (a crash loop under
     /// restartPolicy OnFailure): a failed attempt, deleted and retried.
     #[arg(long, env = "DRAIN_CONTROLLER_MAX_RESTARTS", default_value_t = 3)]

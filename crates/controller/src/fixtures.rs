@@ -200,6 +200,18 @@ impl SetBuilder {
         self
     }
 
+    /// Adds a label to the set's pod template.
+    pub fn pod_label(mut self, key: &str, value: &str) -> Self {
+        self.spec()
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.to_owned(), value.to_owned());
+        self
+    }
+
     /// Changes the pod template's spec in place.
     pub fn with_pod_spec(mut self, change: impl FnOnce(&mut PodSpec)) -> Self {
         change(

@@ -8,6 +8,7 @@
 //! itself ([`runtime::controller`]), leader election, the admin server and metrics.
 
 pub mod act;
+pub mod claim_use;
 pub mod cli;
 pub mod config;
 #[cfg(test)]
@@ -70,6 +71,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
             retry_base: args.retry_base_delay,
             retry_max: args.retry_max_delay,
             stuck_after: args.stuck_after,
+            quiet_after: args.quiet_after,
             max_restarts: args.max_restarts,
             scale_up_wait: args.scale_up_wait,
         },

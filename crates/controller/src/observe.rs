@@ -12,10 +12,11 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::claim_use::claims_used;
 use crate::config::SuccessProof;
 use crate::plan::{
-    Blocker, Claim, DrainPhase, DrainPod, DrainProgress, DrainRecord, PodKind, PodObs, PodSettings,
-    RETAIN_FALLBACK, Snapshot,
+    Blocker, Claim, Deletion, DrainContainer, DrainPhase, DrainPod, DrainProgress, DrainRecord,
+    PodKind, PodObs, PodSettings, RETAIN_FALLBACK, Snapshot,
 };
 use crate::status::StatusReport;
 
@@ -42,6 +43,7 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         approved: annotation(meta, claim_annotations::APPROVED).map(str::trim) == Some("true"),
         succeeded_pod_uid: annotation(meta, claim_annotations::SUCCEEDED_POD_UID)
             .map(str::to_owned),
+        held: annotation(meta, claim_annotations::HOLD).is_some(),
     }
 }
 
@@ -68,14 +70,24 @@ pub fn labelled_drain_pod_of(meta: &ObjectMeta, set: &str) -> bool {
         == Some(set)
 }
 
-/// Whether `pod` is a drain pod this controller made for the set with this name and UID.
+/// Whether `pod` is a drain pod this controller made for the set with this name and UID: owned
+/// by the set but not as its controller (a pod the set controls is the set's own, whatever its
+/// labels say).
 pub fn is_drain_pod_of(meta: &ObjectMeta, set: &str, set_uid: &str) -> bool {
     let owned = meta
         .owner_references
         .iter()
         .flatten()
         .any(|o| o.kind == "StatefulSet" && o.uid == set_uid);
-    labelled_drain_pod_of(meta, set) && owned
+    labelled_drain_pod_of(meta, set) && owned && !controlled_by(meta, set_uid)
+}
+
+/// Whether the object with UID `uid` is the controller of `meta`'s object.
+pub fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid && o.controller == Some(true))
 }
 
 /// Most characters of a failed container's termination message quoted in its failure reason.
@@ -211,21 +223,53 @@ fn finished_at(pod: &Pod) -> Option<Timestamp> {
     latest.filter(|_| any)
 }
 
-/// The claims named by the completion record a regular container that exited 0 wrote to its
-/// termination message (the current run's, not an earlier one's), if one did.
-fn completion(pod: &Pod) -> Option<BTreeMap<String, String>> {
-    pod.status
-        .as_ref()?
+/// The latest time a container (init containers too) started or finished, now or in its last
+/// run.
+fn changed_at(pod: &Pod) -> Option<Timestamp> {
+    let status = pod.status.as_ref()?;
+    status
         .container_statuses
         .iter()
         .flatten()
-        .find_map(|c| {
-            let t = c.state.as_ref()?.terminated.as_ref()?;
-            if t.exit_code != 0 {
-                return None;
-            }
-            CompletionRecord::parse(t.message.as_deref()?).map(|r| r.claims)
+        .chain(status.init_container_statuses.iter().flatten())
+        .flat_map(|c| [c.state.as_ref(), c.last_state.as_ref()])
+        .flatten()
+        .flat_map(|s| {
+            [
+                s.running.as_ref().and_then(|r| r.started_at.as_ref()),
+                s.terminated.as_ref().and_then(|t| t.finished_at.as_ref()),
+            ]
         })
+        .flatten()
+        .map(to_timestamp)
+        .max()
+}
+
+/// The regular containers of the pod (its spec's `containers`), each with the claims of
+/// `claims` it uses and the completion record it wrote, if it exited 0 with one.
+fn containers(pod: &Pod, claims: &BTreeMap<String, String>) -> Vec<DrainContainer> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    spec.containers
+        .iter()
+        .map(|c| {
+            let record = container_statuses(pod)
+                .find(|s| s.name == c.name)
+                .and_then(|s| {
+                    let t = s.state.as_ref()?.terminated.as_ref()?;
+                    if t.exit_code != 0 {
+                        return None;
+                    }
+                    CompletionRecord::parse(t.message.as_deref()?).map(|r| r.claims)
+                });
+            DrainContainer {
+                name: c.name.clone(),
+                claims: claims_used(spec, c, claims),
+                record,
+            }
+        })
+        .collect()
 }
 
 /// The settings the pod was made under, if it records them.
@@ -249,25 +293,32 @@ fn pod_settings(meta: &ObjectMeta) -> Option<PodSettings> {
     })
 }
 
-/// The regular containers still running after another regular container exited 0.
-fn lingering(pod: &Pod) -> Vec<String> {
-    let statuses: Vec<&ContainerStatus> = pod
-        .status
+/// The regular containers that use no claim (a mesh proxy, a log shipper) still running after
+/// every container that uses one exited 0: they keep the pod from ending.
+fn lingering(pod: &Pod, containers: &[DrainContainer]) -> Vec<String> {
+    let exited_0 = |name: &str| {
+        container_statuses(pod).any(|s| {
+            s.name == name
+                && s.state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .is_some_and(|t| t.exit_code == 0)
+        })
+    };
+    let mut draining = containers
         .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
-        .collect();
-    let one_done = statuses.iter().any(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)
-    });
-    if !one_done {
+        .filter(|c| !c.claims.is_empty())
+        .peekable();
+    if draining.peek().is_none() || !draining.all(|c| exited_0(&c.name)) {
         return Vec::new();
     }
-    statuses
+    containers
         .iter()
-        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .filter(|c| c.claims.is_empty())
+        .filter(|c| {
+            container_statuses(pod)
+                .any(|s| s.name == c.name && s.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
         .map(|c| c.name.clone())
         .collect()
 }
@@ -356,14 +407,18 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
         .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
         .max()
         .unwrap_or(0);
+    let containers = containers(pod, &claims);
     PodObs {
         ordinal,
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         terminating: meta.deletion_timestamp.is_some(),
+        deletion: deletion(meta, pod.spec.as_ref().and_then(|s| s.node_name.clone())),
         kind: PodKind::Drain(DrainPod {
+            lingering: lingering(pod, &containers),
             phase,
             claims,
+            containers,
             failure: (phase == DrainPhase::Failed || restarts > 0)
                 .then(|| failure_reason(pod))
                 .flatten(),
@@ -372,11 +427,10 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             created_at: meta.creation_timestamp.as_ref().map(to_timestamp),
             delete_requested_at,
             finished_at: finished_at(pod),
-            completion: completion(pod),
+            changed_at: changed_at(pod),
             disrupted: disrupted(pod),
             kill_probes: kill_probes(pod),
             settings: pod_settings(meta),
-            lingering: lingering(pod),
             started,
             running,
             restarts,
@@ -394,8 +448,19 @@ pub fn other_pod(meta: &ObjectMeta, ordinal: i32) -> PodObs {
         name: meta.name.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         terminating: meta.deletion_timestamp.is_some(),
+        deletion: deletion(meta, None),
         kind: PodKind::Other,
     }
+}
+
+/// What holds a pod being deleted, if it is.
+fn deletion(meta: &ObjectMeta, node: Option<String>) -> Option<Deletion> {
+    let due = meta.deletion_timestamp.as_ref()?;
+    Some(Deletion {
+        due: Some(to_timestamp(due)),
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
+        node,
+    })
 }
 
 /// The set's claim template names.
@@ -429,6 +494,9 @@ pub fn snapshot<'a>(
         };
         if is_drain_pod_of(&pod.metadata, &name, &uid) {
             pods.push(drain_pod(pod, o));
+        } else if controlled_by(&pod.metadata, &uid) {
+            // The set's own pod, whatever its labels say.
+            pods.push(other_pod(&pod.metadata, o));
         } else if labelled_drain_pod_of(&pod.metadata, &name) {
             let mut foreign = other_pod(&pod.metadata, o);
             foreign.kind = PodKind::Foreign;
@@ -464,6 +532,7 @@ pub fn snapshot<'a>(
             .unwrap_or(0),
         reserved: Default::default(),
         also_held: None,
+        claim_templates: templates,
         claims,
         pods,
         previous,

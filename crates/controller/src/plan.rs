@@ -7,7 +7,9 @@
 //! | holds the name | observed                                       | actions                         |
 //! |----------------|------------------------------------------------|---------------------------------|
 //! | nothing        | out of range, live claims, slot free           | `CreateDrainPod`                |
+//! | nothing        | out of range, a claim template's claim missing | `Warn` (blocked), claims kept   |
 //! | nothing        | the current attempt's pod vanished             | `RecordFailure` (backoff)       |
+//! | nothing        | out of range, a claim held (restored)          | wait for the scale-up           |
 //! | nothing        | back in range, drain record on the claims      | `ClearRecord`                   |
 //! | stateful pod   | out of range (terminating or not)              | wait for it to go               |
 //! | foreign pod    | labelled as our drain pod, not owned by the set| `Warn` (blocked), never deleted |
@@ -30,8 +32,8 @@
 //! by, and `RecordDrainPod`/`RecordFailure` write it.
 //!
 //! What proves a drain finished is the set's [`SuccessProof`] ([`finish`]): under the default
-//! completion record, a container that exited 0 wrote the record naming exactly the pod's
-//! claims (nothing else counts, and no clock is read); under `exit-code`, the pod was seen
+//! completion record, every container that uses a claim exited 0 with the record of exactly
+//! the claims it uses ([`record_gaps`]: nothing else counts, and no clock is read); under `exit-code`, the pod was seen
 //! `Succeeded` with no deletion requested and no `DisruptionTarget` condition, and no container
 //! has a liveness or startup probe. That observation is recorded on the claims
 //! (`RecordSuccess`) before anything else is done, so a later deletion request cannot make it
@@ -73,6 +75,8 @@ use ordinal::*;
 pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
     let mut p = Planner {
         settings,
+        set_name: &snap.set_name,
+        claim_templates: &snap.claim_templates,
         now,
         plan: Plan::default(),
         busy: 0,
@@ -131,7 +135,31 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         }
     }
     p.assign_slots();
+    forget_oldest_done(&mut p.plan.status);
     p.plan
+}
+
+/// Most `done` ordinals the status keeps: the newest, so a long-lived set's status annotation
+/// stays far below the API's 256 KiB for all annotations.
+pub const DONE_KEPT: usize = 50;
+
+/// Drops all but the [`DONE_KEPT`] newest `done` ordinals (by time, then ordinal; a time that
+/// does not parse counts as oldest).
+fn forget_oldest_done(status: &mut std::collections::BTreeMap<i32, OrdinalState>) {
+    let mut done: Vec<(Option<Timestamp>, i32)> = status
+        .iter()
+        .filter_map(|(o, s)| match s {
+            OrdinalState::Done { at } => Some((at.parse().ok(), *o)),
+            _ => None,
+        })
+        .collect();
+    if done.len() <= DONE_KEPT {
+        return;
+    }
+    done.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, o) in &done[DONE_KEPT..] {
+        status.remove(o);
+    }
 }
 
 impl<'a> Planner<'a> {
@@ -177,6 +205,24 @@ impl<'a> Planner<'a> {
             return (!ord.claims.is_empty() || ord.previous.is_some())
                 .then_some(OrdinalState::Done { at });
         }
+        if ord.record.held {
+            // Restored from a retained volume: the set is about to bring its pod back.
+            let held: Vec<&str> = ord
+                .live
+                .iter()
+                .filter(|c| c.record.held)
+                .map(|c| c.name.as_str())
+                .collect();
+            return Some(OrdinalState::Waiting {
+                reason: format!(
+                    "claim {} is held (annotation {}: restored from a retained volume): no drain \
+                     starts; scale the set up to bring its pod back, or remove the annotation to \
+                     drain it",
+                    held.join(", "),
+                    drain_api::claim_annotations::HOLD
+                ),
+            });
+        }
         let record = &ord.record;
         let stale = self.stale_series(record);
         if !stale
@@ -215,6 +261,9 @@ impl<'a> Planner<'a> {
                 });
             }
         }
+        if let Some(state) = self.missing_claims(ord) {
+            return Some(state);
+        }
         let record = if stale {
             DrainRecord::default()
         } else {
@@ -225,11 +274,50 @@ impl<'a> Planner<'a> {
         None
     }
 
+    /// Why no drain pod may start for `ord` while a claim template has no live claim of it, if
+    /// one has none: a drain pod without that claim would prove the others drained and get them
+    /// deleted while nothing drained the missing one's data (nor may an empty directory stand in
+    /// for it). A claim being deleted is waited for; a claim that is gone is a Warning.
+    fn missing_claims(&mut self, ord: &Ordinal<'_>) -> Option<OrdinalState> {
+        let unlive = |t: &&String| !ord.live.iter().any(|c| c.template == **t);
+        let (terminating, gone): (Vec<&String>, Vec<&String>) = self
+            .claim_templates
+            .iter()
+            .filter(unlive)
+            .partition(|t| ord.claims.iter().any(|c| c.template == **t));
+        let name = |t: &String| drain_api::names::claim_name(t, self.set_name, ord.ordinal);
+        if !gone.is_empty() {
+            let missing: Vec<String> = gone.iter().map(|t| name(t)).collect();
+            let live: Vec<&str> = ord.live.iter().map(|c| c.name.as_str()).collect();
+            let reason = format!(
+                "claim {} of this ordinal is missing (deleted by hand?), so no drain pod starts:                  without it nothing could drain its data, and a drain of the others alone would                  get them deleted; claims {} are kept. Recreate the missing claim (an empty one                  lets the drain run), scale the set up over ordinal {}, or delete the kept                  claims by hand if their data is not needed",
+                missing.join(", "),
+                live.join(", "),
+                ord.ordinal
+            );
+            return self.blocked(ord, reason);
+        }
+        if !terminating.is_empty() {
+            let names: Vec<String> = terminating.iter().map(|t| name(t)).collect();
+            return Some(OrdinalState::Waiting {
+                reason: format!(
+                    "claim {} of this ordinal is being deleted; no drain pod starts until it is                      gone or recreated",
+                    names.join(", ")
+                ),
+            });
+        }
+        None
+    }
+
     /// The StatefulSet's own pod (or another pod that is not ours) holds the name.
     fn stateful_pod(&mut self, ord: &Ordinal<'_>, pod: &PodObs) -> Option<OrdinalState> {
         if ord.in_range {
             self.clear_record(ord);
             return None;
+        }
+        if let Some(why) = self.stuck_deleting(pod) {
+            let reason = format!("{why}; its drain cannot start until it is gone");
+            return self.blocked(ord, reason);
         }
         Some(OrdinalState::Waiting {
             reason: format!("pod {} still exists", pod.name),
@@ -332,9 +420,52 @@ impl<'a> Planner<'a> {
         if ord.counted(pod) {
             return Some(self.counted_state(&ord.record, "drain pod stopped"));
         }
+        if let Some(why) = self.stuck_deleting(pod) {
+            // A stuck attempt: counted (so the deadline and the attempt limit give up), and
+            // told in the failure's Warning.
+            return Some(self.record_failure(ord, &pod.uid, FailureKind::Stuck, why));
+        }
         Some(OrdinalState::Waiting {
             reason: format!("drain pod {} is terminating", pod.name),
         })
+    }
+
+    /// Why `pod`, being deleted, is stuck, if it still holds its name `stuck_after` past the
+    /// end of its grace period: the finalizers that keep it, or its node, which does not
+    /// confirm it stopped. Requeues for the time it would be stuck otherwise.
+    fn stuck_deleting(&mut self, pod: &PodObs) -> Option<String> {
+        let deletion = pod.deletion.as_ref()?;
+        let late = add(deletion.due?, self.settings.stuck_after);
+        if late > self.now {
+            self.requeue_at(late);
+            return None;
+        }
+        let after = humantime::format_duration(self.settings.stuck_after);
+        let held = if !deletion.finalizers.is_empty() {
+            format!(
+                "finalizers {} keep it: remove them (kubectl patch pod {} --type json -p \
+                 '[{{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}}]') once what \
+                 they wait for is done",
+                deletion.finalizers.join(", "),
+                pod.name
+            )
+        } else {
+            let node = deletion
+                .node
+                .as_deref()
+                .map_or_else(|| "its node".to_owned(), |n| format!("its node {n}"));
+            format!(
+                "{node} does not confirm it stopped (unreachable?): if the node is gone, delete \
+                 its Node object, or force the pod's deletion (kubectl delete pod {} \
+                 --grace-period=0 --force) once you know it no longer runs",
+                pod.name
+            )
+        };
+        Some(format!(
+            "pod {} is still terminating {after} after its grace period ended ({}); {held}",
+            pod.name,
+            deletion.due.map(|d| d.to_string()).unwrap_or_default()
+        ))
     }
 
     /// A drain pod that has not finished, of an ordinal still out of range: stuck, stalled,
@@ -383,7 +514,10 @@ impl<'a> Planner<'a> {
                 series: ord.series.clone(),
             });
         }
-        let note = self.lingering(ord, pod, drain);
+        let note = match self.lingering(ord, pod, drain) {
+            Some(note) => Some(note),
+            None => self.quiet(ord, pod, drain),
+        };
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
             progress: drain.progress.clone(),
@@ -405,15 +539,50 @@ impl<'a> Planner<'a> {
             drain.lingering.join(", "),
             pod.name
         );
+        Some(self.noted(ord, "DrainPodNotEnding", note))
+    }
+
+    /// `note` for the ordinal's `draining` status, told in a Warning `reason` unless the last
+    /// status already showed it.
+    fn noted(&mut self, ord: &Ordinal<'_>, reason: &'static str, note: String) -> String {
         let told = matches!(ord.previous, Some(OrdinalState::Draining { note: Some(n), .. }) if *n == note);
         if !told {
             self.act(Action::Warn {
                 ordinal: ord.ordinal,
-                reason: "DrainPodNotEnding",
+                reason,
                 message: note.clone(),
             });
         }
-        Some(note)
+        note
+    }
+
+    /// A running drain pod that published no progress and changed no container state for the
+    /// quiet time (a hook blocked on a dead connection): said in the status, once in a Warning,
+    /// and counted in the metric; never stopped for it (`drain-stall-seconds` does that).
+    fn quiet(&mut self, ord: &Ordinal<'_>, pod: &PodObs, drain: &DrainPod) -> Option<String> {
+        let quiet = self.settings.quiet_after?;
+        if !drain.running {
+            return None;
+        }
+        let since = drain
+            .last_progress()
+            .into_iter()
+            .chain(drain.changed_at)
+            .max()?;
+        let at = add(since, quiet);
+        if at > self.now {
+            self.requeue_at(at);
+            return None;
+        }
+        let note = format!(
+            "drain pod {} has published no progress and no container of it started or stopped \
+             for {} (since {since}): it may be blocked (a hook waiting on a dead connection?). \
+             It is left running: read its logs, or delete it to retry",
+            pod.name,
+            humantime::format_duration(quiet)
+        );
+        self.plan.quiet.insert(ord.ordinal);
+        Some(self.noted(ord, "DrainQuiet", note))
     }
 
     /// A drain pod made from another template than today's is replaced (not a failed attempt)

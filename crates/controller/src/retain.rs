@@ -133,16 +133,19 @@ pub fn mark(pv: &PersistentVolume, r: &Retention<'_>) -> Result<Marking, RetainE
             claim: r.claim.to_owned(),
         });
     }
-    let ours = annotation(pv, retained::CLAIM_UID) == Some(r.claim_uid);
+    let for_this_claim = annotation(pv, retained::CLAIM_UID) == Some(r.claim_uid);
+    // Our marks, for this claim or for an earlier one on the same volume (restored from a
+    // retention and drained again): the `Retain` is ours, not the owner's.
+    let ours = for_this_claim || is_marked(pv);
     let current = policy(pv);
-    if ours && current == RETAIN && is_marked(pv) {
+    if for_this_claim && current == RETAIN && is_marked(pv) {
         return Ok(Marking::Already);
     }
     if !ours && current == RETAIN {
         return Ok(Marking::KeptByOwner);
     }
-    // Marked for this claim before, but the policy or the label was changed since: mark again,
-    // keeping the policy it had before the first mark.
+    // Marked before, but for another claim, or the policy or the label was changed since: mark
+    // again, keeping the policy it had before the first mark.
     let from = match annotation(pv, retained::FROM_POLICY) {
         Some(from) if ours => from.to_owned(),
         _ => current.to_owned(),
@@ -221,13 +224,17 @@ pub fn sweep_step(pv: &PersistentVolume, now: Timestamp, namespaces: &[String]) 
     };
     // A policy missing or unreadable in the marks: `Delete`, what a provisioned volume has.
     let from = annotation(pv, retained::FROM_POLICY).unwrap_or("Delete");
+    // Every mark goes: a volume handed back carries nothing of ours.
     let labels: BTreeMap<&str, Option<&str>> =
         retained::LABELS.iter().map(|l| (*l, None)).collect();
+    let annotations: BTreeMap<&str, Option<&str>> =
+        retained::ANNOTATIONS.iter().map(|a| (*a, None)).collect();
     SweepStep::Release {
         patch: json!({
             "metadata": {
                 "resourceVersion": pv.metadata.resource_version,
                 "labels": labels,
+                "annotations": annotations,
             },
             "spec": {"persistentVolumeReclaimPolicy": from},
         }),
@@ -396,7 +403,37 @@ mod tests {
         assert_eq!(policy(&released), "Delete");
         assert!(!is_marked(&released));
         assert!(released.metadata.labels.unwrap_or_default().is_empty());
+        // Every mark goes, the annotations too.
+        assert!(released.metadata.annotations.unwrap_or_default().is_empty());
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    }
+
+    #[test]
+    fn our_marks_for_an_earlier_claim_are_ours_when_the_restored_claim_is_drained_again() {
+        // Retained for the first claim, restored as a new claim (same name, new UID), which is
+        // drained again before the sweep handed the volume back.
+        let mut pv = marked(&volume(Some("Delete"), Some(UID)));
+        pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("restored-uid".into());
+        let again = Retention {
+            claim_uid: "restored-uid",
+            ..retention()
+        };
+        let Ok(Marking::Patch(patch)) = mark(&pv, &again) else {
+            panic!("{:?}", mark(&pv, &again))
+        };
+        let remarked = patched(&pv, &patch);
+        assert!(is_marked(&remarked));
+        // The policy to put back is still the one from before the first mark.
+        assert_eq!(annotation(&remarked, retained::FROM_POLICY), Some("Delete"));
+        assert_eq!(
+            annotation(&remarked, retained::CLAIM_UID),
+            Some("restored-uid")
+        );
+        // Swept while still bound to it: kept until the new retention ends.
+        assert!(matches!(
+            sweep_step(&remarked, "2026-11-26T00:00:00Z".parse().unwrap(), &[]),
+            SweepStep::Wait(_)
+        ));
     }
 
     #[test]

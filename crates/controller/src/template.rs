@@ -281,6 +281,19 @@ fn set_errors(
             set: set_name.to_owned(),
         });
     }
+    let pod_labels = set_spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref());
+    for label in [labels::DRAIN_POD, labels::ORDINAL] {
+        if pod_labels.is_some_and(|l| l.contains_key(label)) {
+            errors.push(TemplateError::ReservedLabelOnSetPods {
+                set: set_name.to_owned(),
+                label: label.to_owned(),
+            });
+        }
+    }
     errors
 }
 

@@ -27,6 +27,8 @@ pub struct Flags {
     pub retry_max: Duration,
     /// A drain pod not started (or blocked) this long after creation is stuck.
     pub stuck_after: Duration,
+    /// A running drain pod that shows nothing this long is quiet (zero: never).
+    pub quiet_after: Duration,
     /// A drain pod whose containers restarted this often is stuck.
     pub max_restarts: u32,
     /// Under `finish`, the longest a returning ordinal waits for its drain.
@@ -39,6 +41,7 @@ impl Default for Flags {
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
             stuck_after: Duration::from_secs(300),
+            quiet_after: Duration::from_secs(1800),
             max_restarts: 3,
             scale_up_wait: Duration::from_secs(300),
         }
@@ -144,6 +147,7 @@ pub fn settings(
         retry_base: flags.retry_base,
         retry_max: flags.retry_max,
         stuck_after: flags.stuck_after,
+        quiet_after: Some(flags.quiet_after).filter(|d| !d.is_zero()),
         max_restarts: flags.max_restarts,
         scale_up_wait: flags.scale_up_wait,
     }

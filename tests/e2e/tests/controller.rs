@@ -828,3 +828,59 @@ async fn a_namespaced_controller_leaves_other_namespaces_alone() -> Result<()> {
     assert!(events(&other, "DrainPodCreated").await?.is_empty());
     Ok(())
 }
+
+/// A set whose own pod template carries the drain pods' label is refused with a Warning, and
+/// its running pods (which the set controls) are never taken for drain pods: the landed
+/// controller took them for drain pods back in range and deleted them.
+#[tokio::test]
+async fn a_set_whose_pods_carry_the_drain_label_is_refused_and_its_pods_left_alone() -> Result<()> {
+    use kube::api::PostParams;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ctl-reserved-label").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let builder = drain_set("web", "true");
+    let mut set = builder.build();
+    set.spec
+        .as_mut()
+        .and_then(|s| s.template.metadata.as_mut())
+        .and_then(|m| m.labels.as_mut())
+        .expect("pod labels")
+        .insert(drain_api::labels::DRAIN_POD.to_owned(), "web".to_owned());
+    ns.api::<k8s_openapi::api::core::v1::Service>()
+        .create(&PostParams::default(), &builder.service())
+        .await?;
+    ns.api::<StatefulSet>()
+        .create(&PostParams::default(), &set)
+        .await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let pods = ns.api::<Pod>();
+    let mut uids = Vec::new();
+    for name in pod_names("web", 0..3) {
+        uids.push(pods.get(&name).await?.metadata.uid.unwrap_or_default());
+    }
+    let refused = wait_event(&ns, "web", "ReservedLabelOnSetPods").await?;
+    anyhow::ensure!(
+        refused
+            .iter()
+            .any(|e| e.contains(drain_api::labels::DRAIN_POD)),
+        "{refused:?}"
+    );
+    e2e::faults::hold(
+        Duration::from_secs(6),
+        "the set's pods left alone",
+        || async {
+            for (name, uid) in pod_names("web", 0..3).iter().zip(&uids) {
+                let pod = pods.get(name).await?;
+                anyhow::ensure!(
+                    pod.metadata.uid.as_deref() == Some(uid.as_str())
+                        && pod.metadata.deletion_timestamp.is_none(),
+                    "pod {name} was deleted or replaced"
+                );
+            }
+            Ok(())
+        },
+    )
+    .await?;
+    assert_claims_kept(&ns, &["data-web-0", "data-web-1", "data-web-2"]).await?;
+    Ok(())
+}

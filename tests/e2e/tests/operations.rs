@@ -665,3 +665,81 @@ async fn manual_approval_deletes_a_drained_claim_only_once_approved() -> Result<
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
     Ok(())
 }
+
+/// A drain that fails with a long non-ASCII termination message (the kubelet keeps 4 KiB): the
+/// Warnings that quote it are published, cut within the API's 1,024 bytes at a character
+/// boundary (cut by characters, the landed controller's notes went over and the API refused
+/// them: no `DrainFailed` at all).
+#[tokio::test]
+async fn a_failure_in_non_ascii_text_is_reported_within_the_event_limit() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-note-bytes").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    // 700 three-byte characters, then exit 1.
+    let script =
+        "i=0; while [ $i -lt 700 ]; do printf '€'; i=$((i+1)); done > /dev/termination-log; exit 1";
+    let set = SetBuilder::new("web").annotation(
+        DRAINER_POD_TEMPLATE,
+        e2e::objects::drain_template_without_record(
+            script,
+            &["data"],
+            json!({"restartPolicy": "Never"}),
+        ),
+    );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 2).await?;
+    for object in ["web-2", "web"] {
+        let failed = wait_event(&ns, object, "DrainFailed").await?;
+        ensure!(
+            failed.iter().any(|e| e.contains("exited with code 1")
+                && e.contains("€€€")
+                && e.len() <= 1024 + object.len() + 2),
+            "{object}: {failed:?}"
+        );
+    }
+    assert_claim_unchanged(&ns, "data-web-2", &claim).await?;
+    Ok(())
+}
+
+/// A long-lived set's status keeps only the newest `done` ordinals: seeded with 70 drains done
+/// long ago, the status after one more drain holds 50, the new one among them (the landed
+/// controller kept every one for ever, towards the 256 KiB annotation limit).
+#[tokio::test]
+async fn the_status_keeps_a_bounded_number_of_done_ordinals() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-done-bounded").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let old: serde_json::Map<String, serde_json::Value> = (100..170)
+        .map(|o| {
+            let at = format!("2026-01-01T00:{:02}:{:02}Z", (o - 100) / 60, (o - 100) % 60);
+            (o.to_string(), json!({"state": "done", "at": at}))
+        })
+        .collect();
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("true", &["data"], json!({"restartPolicy": "Never"})),
+        )
+        .annotation(
+            drain_api::annotations::STATUS,
+            json!({"ordinals": old}).to_string(),
+        );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    let status = wait_ordinal_state(&ns, "web", 2, "done").await?;
+    let done: Vec<&String> = status["ordinals"]
+        .as_object()
+        .context("ordinals")?
+        .iter()
+        .filter(|(_, s)| s["state"] == "done")
+        .map(|(o, _)| o)
+        .collect();
+    ensure!(done.len() == 50, "{} done ordinals: {done:?}", done.len());
+    // The oldest went first.
+    ensure!(!done.iter().any(|o| *o == "100"), "{done:?}");
+    Ok(())
+}

@@ -8,7 +8,12 @@
 //!   success the controller did not see before a stop request (it was down) is not known, so
 //!   the drain runs again; a `DisruptionTarget` condition is a stop request.
 //!
-//! All but one fail on the rule these replace (exit 0 with a finish time before any delete
+//! - Each claim is proven by the containers that drain it (issue 41): a container that finished
+//!   early proves only its own claim, and a claim of the ordinal that is missing keeps the drain
+//!   from starting rather than being replaced by an empty directory. Both fail on the landed
+//!   rule (one container's record proved every claim; an `emptyDir` stood in).
+//!
+//! All but one of the issue-21 tests fail on the rule these replace (exit 0 with a finish time before any delete
 //! request). The exception, a success the controller did not see before a stop request, shows
 //! the exit-code proof's "not known is not proven" on the real cluster; the old rule's failure
 //! there needs a node whose clock runs behind the API server's, which one machine cannot show,
@@ -20,10 +25,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use drain_api::annotations;
 use e2e::faults::*;
-use e2e::objects::{SetBuilder, drain_template, drain_template_without_record, edit_template};
+use e2e::objects::{
+    SetBuilder, WRITE_COMPLETION_RECORD, drain_template, drain_template_without_record,
+    edit_template,
+};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -356,5 +364,159 @@ async fn under_exit_code_a_disrupted_drain_that_exits_0_keeps_its_claim() -> Res
     );
     wait_claim_gone(&ns, "data-web-2", T).await?;
     assert_claims_kept(&ns, &["data-web-0", "data-web-1"]).await?;
+    Ok(())
+}
+
+/// The exit code of `container` in `pod`, once its current run terminated.
+fn exit_code_of(pod: &Pod, container: &str) -> Option<i32> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == container)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+        .map(|t| t.exit_code)
+}
+
+/// Issue 41's case: a set with claims `data` and `index`, a drain pod with one container per
+/// claim. The `index` container finishes in a second with its record; the `data` one drains
+/// until told to go. Nothing is deleted while the data container runs (the landed controller
+/// deleted both claims within seconds and stopped it mid-drain); once it exits 0 with its own
+/// record, both claims go.
+#[tokio::test]
+async fn each_claim_is_proven_by_the_container_that_drains_it() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "proof-per-claim").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let template = edit_template(
+        &drain_template(WAIT_FOR_GO, &["data"], json!({"restartPolicy": "Never"})),
+        |t| {
+            let mut index = t["spec"]["containers"][0].clone();
+            index["name"] = json!("index");
+            index["command"] = json!(["sh", "-c", format!("sleep 1 && {WRITE_COMPLETION_RECORD}")]);
+            index["volumeMounts"] = json!([{"name": "index", "mountPath": "/index"}]);
+            t["spec"]["containers"]
+                .as_array_mut()
+                .expect("containers")
+                .push(index);
+        },
+    );
+    start_set(
+        &ns,
+        &SetBuilder::new("web")
+            .claims(&["data", "index"])
+            .annotation(annotations::DRAINER_POD_TEMPLATE, template),
+    )
+    .await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let data = claim_uid(&ns, "data-web-2").await?;
+    let index = claim_uid(&ns, "index-web-2").await?;
+    scale(&ns, "web", 2).await?;
+
+    let pods = ns.api::<Pod>();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    // Until the index container exited 0 (or something was already deleted: the hold says).
+    wait_for(
+        T,
+        "the index container of drain pod web-2 exited 0",
+        || async {
+            let pod = pods.get_opt("web-2").await?;
+            let touched = claims
+                .get_opt("data-web-2")
+                .await?
+                .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+            Ok(touched
+                || pod.is_some_and(|p| {
+                    is_drain_pod(&p)
+                        && (exit_code_of(&p, "index") == Some(0)
+                            || p.metadata.deletion_timestamp.is_some())
+                }))
+        },
+    )
+    .await?;
+    hold(
+        HOLD,
+        "both claims kept while the data container drains",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &data).await?;
+            assert_claim_unchanged(&ns, "index-web-2", &index).await?;
+            let pod = pods.get("web-2").await?;
+            ensure!(
+                pod.metadata.deletion_timestamp.is_none() && exit_code_of(&pod, DRAIN).is_none(),
+                "the data container was stopped: {}",
+                describe_pod(&pod)
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    exec(&ns, "web-2", DRAIN, "touch /data/go").await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_claim_gone(&ns, "index-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(
+        &ns,
+        &["data-web-0", "data-web-1", "index-web-0", "index-web-1"],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A claim of the ordinal that is missing (deleted by hand before the set opted in) keeps the
+/// drain from starting: a Warning names it, no drain pod is made, the other claim is kept (the
+/// landed controller drained `data` beside an empty directory standing in for `index`, and
+/// deleted it). An empty claim made again under that name lets the drain run.
+#[tokio::test]
+async fn a_missing_claim_blocks_the_drain_and_keeps_the_others() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "proof-missing-claim").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &SetBuilder::new("web").claims(&["data", "index"])).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    scale(&ns, "web", 2).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    let claims = ns.api::<PersistentVolumeClaim>();
+    claims
+        .delete("index-web-2", &DeleteParams::default())
+        .await?;
+    wait_claim_gone(&ns, "index-web-2", T).await?;
+    let data = claim_uid(&ns, "data-web-2").await?;
+
+    set_drain_template(
+        &ns,
+        "web",
+        drain_template("true", &["data", "index"], json!({})),
+    )
+    .await?;
+    let blocked = wait_event(&ns, "web", "DrainBlocked").await?;
+    ensure!(
+        blocked.iter().any(
+            |e| e.contains("claim index-web-2 of this ordinal is missing")
+                && e.contains("data-web-2 are kept")
+        ),
+        "{blocked:?}"
+    );
+    hold(HOLD, "no drain pod while a claim is missing", || async {
+        ensure!(drain_pods(&ns).await?.is_empty(), "a drain pod was created");
+        assert_claim_unchanged(&ns, "data-web-2", &data).await
+    })
+    .await?;
+    let again: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "index-web-2", "labels": {"app": "web"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Mi"}}},
+    }))?;
+    claims.create(&Default::default(), &again).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    wait_claim_gone(&ns, "index-web-2", T).await?;
+    wait_pod_gone(&ns, "web-2", T).await?;
+    assert_claims_kept(
+        &ns,
+        &["data-web-0", "data-web-1", "index-web-0", "index-web-1"],
+    )
+    .await?;
     Ok(())
 }

@@ -22,17 +22,16 @@ use serde_json::json;
 /// Long enough to look at a retained volume and restore one; short enough to see one freed.
 const RETAIN_FOR: &str = "40s";
 
-/// The set `web` of 3, Parallel, whose drain pods succeed after 3 s, retaining for
-/// `RETAIN_FOR`. Not at once: a restore creates the claim and then scales the set up, and the
-/// drain the controller starts on the claim in between must still be running when the scale-up
-/// cancels it, as a real drain would be (an instant one finished first, in 1 of 2 runs, and the
-/// restored claim was drained again; its volume retained again).
+/// The set `web` of 3, Parallel, whose drain pods succeed at once, retaining for
+/// `RETAIN_FOR`. At once: a restore creates the claim and then scales the set up, and a drain
+/// started on the claim in between would finish before the scale-up (the restored claim is
+/// held, so none starts).
 fn retaining_set() -> SetBuilder {
     SetBuilder::new("web")
         .parallel()
         .annotation(
             annotations::DRAINER_POD_TEMPLATE,
-            drain_template("sleep 3", &["data"], json!({})),
+            drain_template("true", &["data"], json!({})),
         )
         .annotation(annotations::RETAIN_VOLUME_FOR, RETAIN_FOR)
 }
@@ -96,9 +95,9 @@ fn drain_status_plugin(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Runs the restore steps `kubectl drain-status --volumes` printed for `volume` with bash, kubectl
-/// on the PATH, as a user pastes them.
-fn run_restore_steps(printed: &str, volume: &str) -> Result<()> {
+/// The restore steps `kubectl drain-status --volumes` printed for `volume`: the commands, the
+/// claim's create and the scale-up apart (run with a pause between, the worst instant).
+fn restore_steps(printed: &str, volume: &str) -> Result<Vec<String>> {
     let steps: Vec<&str> = printed
         .split("To restore volume ")
         .find(|s| s.starts_with(&format!("{volume} ")))
@@ -108,24 +107,34 @@ fn run_restore_steps(printed: &str, volume: &str) -> Result<()> {
         .filter(|l| l.starts_with("kubectl "))
         .collect();
     ensure!(steps.len() == 2, "two kubectl steps: {steps:?}");
+    let (create, scale) = steps[1]
+        .split_once(" && kubectl scale ")
+        .context("the create, then the scale-up")?;
+    Ok(vec![
+        steps[0].to_owned(),
+        create.to_owned(),
+        format!("kubectl scale {scale}"),
+    ])
+}
+
+/// Runs one restore step with bash, kubectl on the PATH, as a user pastes it.
+fn run_restore_step(step: &str) -> Result<()> {
     let kubectl_path = PathBuf::from(kubectl().get_program());
     let path = format!(
         "{}:{}",
         kubectl_path.parent().context("kubectl dir")?.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    for step in steps {
-        let out = Command::new("bash")
-            .args(["-c", step])
-            .env("PATH", &path)
-            .env("KUBECONFIG", e2e::kubeconfig_path())
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "{step}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let out = Command::new("bash")
+        .args(["-c", step])
+        .env("PATH", &path)
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{step}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
@@ -186,7 +195,9 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
         listed.contains(&pv1) && listed.contains(&pv2),
         "both volumes listed:\n{listed}"
     );
-    run_restore_steps(&listed, &pv2)?;
+    let steps = restore_steps(&listed, &pv2)?;
+    run_restore_step(&steps[0])?;
+    run_restore_step(&steps[1])?;
     let claims = ns.api::<PersistentVolumeClaim>();
     wait_for(T, "the restored claim bound to its old volume", || async {
         Ok(claims
@@ -195,10 +206,47 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
             .is_some_and(|c| bound(&c) && c.spec.and_then(|s| s.volume_name) == Some(pv2.clone())))
     })
     .await?;
+    // A pause before the scale-up (a slow paste, a user reading the output): the restored claim
+    // is held, not drained again (the landed controller drained it at once), and its volume
+    // keeps the data.
+    let restored = claim_uid(&ns, "data-web-2").await?;
+    hold(
+        Duration::from_secs(8),
+        "the restored claim held",
+        || async {
+            assert_claim_unchanged(&ns, "data-web-2", &restored).await?;
+            ensure!(
+                drain_pods(&ns).await?.is_empty(),
+                "a drain pod was started on it"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    ensure!(
+        owner_on_disk(&dir2)? == "web-2",
+        "the restored data on disk"
+    );
+    run_restore_step(&steps[2])?;
     // The steps scaled the set up: web-2 runs on its old volume, its claim never drained again.
     wait_running(&ns, &pod_names("web", 1..3)).await?;
     let (now2, _) = volume_of(&ns, "data-web-2").await?;
     ensure!(now2 == pv2, "web-2 came back on its old volume");
+    ensure!(
+        claim_uid(&ns, "data-web-2").await? == restored,
+        "the restored claim was replaced"
+    );
+    // Its pod back, the claim is an ordinary one again: the hold is cleared.
+    wait_for(T, "the hold cleared from the restored claim", || async {
+        Ok(!claims
+            .get("data-web-2")
+            .await?
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(drain_api::claim_annotations::HOLD))
+    })
+    .await?;
     // The controller hands it back: its original policy, no marks.
     wait_for(T, "the restored volume handed back", || async {
         let v = volume(&ns, &pv2).await?.context("restored volume")?;

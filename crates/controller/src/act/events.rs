@@ -9,6 +9,24 @@ use super::context::{ActCtx, Outcome, names};
 use super::seam::{EventSpec, Severity, Subject};
 use crate::plan::{Action, ClaimRef, DeleteWhy, FailureKind};
 
+/// Most bytes of an Event's note the API server accepts.
+pub const NOTE_BYTES: usize = 1024;
+
+/// `note` cut to [`NOTE_BYTES`] at a character boundary, ending in `…` when cut: a longer note
+/// (a quoted termination message of non-ASCII text) would make the API refuse the Event.
+pub fn fit_note(mut note: String) -> String {
+    if note.len() <= NOTE_BYTES {
+        return note;
+    }
+    let mut cut = NOTE_BYTES - '…'.len_utf8();
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    note.truncate(cut);
+    note.push('…');
+    note
+}
+
 fn on_set(severity: Severity, reason: &'static str, note: String) -> EventSpec {
     EventSpec {
         subject: Subject::Set,

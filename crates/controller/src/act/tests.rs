@@ -1073,3 +1073,21 @@ fn only_a_create_refused_for_a_namespace_being_deleted_is_namespace_terminating(
         .namespace_terminating()
     );
 }
+
+#[test]
+fn an_event_note_is_cut_at_a_character_boundary_within_the_api_limit() {
+    assert_eq!(fit_note("short".to_owned()), "short");
+    let exact = "a".repeat(NOTE_BYTES);
+    assert_eq!(fit_note(exact.clone()), exact);
+    // Two-, three- and four-byte characters, each at every offset against the limit.
+    for c in ['é', '€', '𝄞'] {
+        for prefix in 0..4 {
+            let note = format!("{}{}", "a".repeat(prefix), c.to_string().repeat(600));
+            let cut = fit_note(note.clone());
+            assert!(cut.len() <= NOTE_BYTES, "{c} {prefix}: {} bytes", cut.len());
+            assert!(cut.ends_with('…'));
+            assert!(note.starts_with(cut.trim_end_matches('…')));
+            assert!(cut.len() > NOTE_BYTES - 4 - '…'.len_utf8());
+        }
+    }
+}

@@ -30,7 +30,10 @@ fn succeeded_pod(extra: serde_json::Value) -> DrainPod {
     let mut pod = serde_json::json!({
         "metadata": {"name": "web-2", "uid": "p",
                      "annotations": {(pod_annotations::CLAIMS): r#"{"data-web-2":"u1"}"#}},
-        "spec": {"containers": [{"name": "drain"}, {"name": "side"}]},
+        "spec": {"containers": [
+                    {"name": "drain", "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                    {"name": "side"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-web-2"}}]},
         "status": {"phase": "Succeeded", "containerStatuses": [
             {"name": "side", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
              "state": {"terminated": {"exitCode": 0, "message": "bye"}}},
@@ -61,12 +64,25 @@ fn json_patch_merge(into: &mut serde_json::Value, from: serde_json::Value) {
 #[test]
 fn what_a_succeeded_drain_pod_proves_is_read_from_its_messages_conditions_and_probes() {
     let d = succeeded_pod(serde_json::json!({}));
+    let data = BTreeMap::from([("data-web-2".to_owned(), "u1".to_owned())]);
+    // Each container with the claims it mounts and the record it wrote ("bye" is none).
     assert_eq!(
-        d.completion,
-        Some(BTreeMap::from([("data-web-2".to_owned(), "u1".to_owned())]))
+        d.containers,
+        vec![
+            DrainContainer {
+                name: "drain".to_owned(),
+                claims: data.clone(),
+                record: Some(data.clone()),
+            },
+            DrainContainer {
+                name: "side".to_owned(),
+                claims: BTreeMap::new(),
+                record: None,
+            },
+        ]
     );
+    assert_eq!(d.claims, data);
     assert!(!d.disrupted && !d.kill_probes);
-    assert_eq!(d.completion.as_ref(), Some(&d.claims));
 
     let disrupted = succeeded_pod(serde_json::json!({"status": {"conditions": [
         {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
@@ -90,18 +106,61 @@ fn a_record_is_read_only_from_a_container_that_exited_0_in_its_current_run() {
         {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
          "state": {"terminated": {"exitCode": 1, "message": record}}}
     ]}}));
-    assert_eq!(failed.completion, None);
+    assert_eq!(record_of(&failed, "drain"), None);
     let earlier_run = succeeded_pod(serde_json::json!({"status": {"containerStatuses": [
         {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 1,
          "state": {"terminated": {"exitCode": 0}},
          "lastState": {"terminated": {"exitCode": 0, "message": record}}}
     ]}}));
-    assert_eq!(earlier_run.completion, None);
+    assert_eq!(record_of(&earlier_run, "drain"), None);
     let not_a_record = succeeded_pod(serde_json::json!({"status": {"containerStatuses": [
         {"name": "drain", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
          "state": {"terminated": {"exitCode": 0, "message": format!("done\n{record}")}}}
     ]}}));
-    assert_eq!(not_a_record.completion, None);
+    assert_eq!(record_of(&not_a_record, "drain"), None);
+}
+
+fn record_of<'a>(d: &'a DrainPod, container: &str) -> Option<&'a BTreeMap<String, String>> {
+    d.containers
+        .iter()
+        .find(|c| c.name == container)
+        .and_then(|c| c.record.as_ref())
+}
+
+#[test]
+fn a_container_that_mounts_no_claim_lingers_only_once_every_claims_container_exited_0() {
+    let running = serde_json::json!({"running": {"startedAt": "2026-01-01T00:00:10Z"}});
+    let exited = serde_json::json!({"terminated": {"exitCode": 0}});
+    let status = |name: &str, state: &serde_json::Value| {
+        serde_json::json!({"name": name, "image": "x", "imageID": "", "ready": false,
+                           "restartCount": 0, "state": state})
+    };
+    let pod = |data: &serde_json::Value, index: &serde_json::Value| -> DrainPod {
+        succeeded_pod(serde_json::json!({
+            "metadata": {"annotations": {(pod_annotations::CLAIMS):
+                r#"{"data-web-2":"u1","index-web-2":"u2"}"#}},
+            "spec": {"containers": [
+                {"name": "data", "volumeMounts": [{"name": "data", "mountPath": "/d"}]},
+                {"name": "index", "volumeMounts": [{"name": "index", "mountPath": "/i"}]},
+                {"name": "proxy"}],
+             "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-2"}},
+                {"name": "index", "persistentVolumeClaim": {"claimName": "index-web-2"}}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                status("data", data), status("index", index), status("proxy", &running)]}
+        }))
+    };
+    // The index container's exit is no reason to call the proxy lingering: data still drains.
+    assert!(pod(&running, &exited).lingering.is_empty());
+    assert_eq!(pod(&exited, &exited).lingering, vec!["proxy".to_owned()]);
+    let both = pod(&exited, &exited);
+    assert_eq!(
+        both.containers
+            .iter()
+            .map(|c| c.claims.len())
+            .collect::<Vec<_>>(),
+        vec![1, 1, 0]
+    );
 }
 
 #[test]
@@ -266,4 +325,26 @@ fn failure_reason_names_the_exit_code_or_the_eviction() {
         reason.chars().filter(|c| *c == 'é').count(),
         FAILURE_MESSAGE_CHARS
     );
+}
+
+#[test]
+fn a_pod_the_set_controls_is_the_sets_own_whatever_its_labels() {
+    let set: StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "uid": "set-uid"},
+        "spec": {"replicas": 3, "selector": {}, "serviceName": "web", "template": {},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
+    }))
+    .unwrap();
+    let pod = |controller: bool| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "uid": "p",
+                "labels": {(labels::DRAIN_POD): "web", (labels::ORDINAL): "1"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                    "name": "web", "uid": "set-uid", "controller": controller}]}
+        }))
+        .unwrap()
+    };
+    let kind = |p: &Pod| snapshot(&set, [], [p], []).pods[0].kind.clone();
+    assert!(matches!(kind(&pod(true)), PodKind::Other));
+    assert!(matches!(kind(&pod(false)), PodKind::Drain(_)));
 }

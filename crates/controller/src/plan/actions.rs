@@ -293,4 +293,6 @@ pub struct Plan {
     pub status: BTreeMap<i32, OrdinalState>,
     /// Look again after this long (backoff expiry, deadline), even without a watch event.
     pub requeue_after: Option<Duration>,
+    /// Ordinals whose drain pod runs but showed nothing for the quiet time (for the metric).
+    pub quiet: std::collections::BTreeSet<i32>,
 }

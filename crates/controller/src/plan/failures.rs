@@ -1,8 +1,6 @@
 //! The rules for drains that did not finish: failed, interrupted or unproven attempts, stuck
 //! and stalled drain pods, the deadline, and how each is counted toward giving up.
 
-use jiff::Timestamp;
-
 use super::actions::{Action, DeleteWhy, FailureKind, OrdinalState};
 use super::observed::{DrainPod, DrainRecord, PodObs};
 use super::ordinal::{Ordinal, Planner, add, backoff, delete_finished, delete_unfinished};
@@ -287,15 +285,8 @@ impl Planner<'_> {
         if !drain.started {
             return None;
         }
-        let changed = drain
-            .progress
-            .as_ref()
-            .and_then(|p| p.changed_at.parse::<Timestamp>().ok());
-        let since = [changed, drain.started_at, drain.created_at]
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(self.now);
+        let changed = drain.published_progress_at();
+        let since = drain.last_progress().unwrap_or(self.now);
         let stalls_at = add(since, stall);
         if stalls_at <= self.now {
             let what = if changed.is_some() {

@@ -36,6 +36,9 @@ pub struct DrainRecord {
     /// Under the `exit-code` proof: the drain pod the controller saw succeed with no stop
     /// requested; per claim, not merged (any claim recording the pod's UID is proof).
     pub succeeded_pod_uid: Option<String>,
+    /// Whether the claim is held ([`drain_api::claim_annotations::HOLD`]): restored from a
+    /// retained volume, not to be drained.
+    pub held: bool,
 }
 
 impl DrainRecord {
@@ -107,12 +110,14 @@ pub struct DrainPod {
     /// [`Timestamp::MIN`] when that is unknown (a zero grace period: the API server rewrites the
     /// timestamp of a terminal pod's final delete).
     pub delete_requested_at: Option<Timestamp>,
+    /// The latest time a container of it started or finished (its state's, or its last state's).
+    pub changed_at: Option<Timestamp>,
     /// When its last container finished; `None` unless every container reports a finish time.
     /// For metrics only: no decision compares it with the API server's clock.
     pub finished_at: Option<Timestamp>,
-    /// The claims `{name: UID}` named by the completion record that a container which exited 0
-    /// wrote to its termination message, if one did.
-    pub completion: Option<BTreeMap<String, String>>,
+    /// Its regular containers (not init containers, not native sidecars), as the completion
+    /// record's proof sees them.
+    pub containers: Vec<DrainContainer>,
     /// Whether it has a `DisruptionTarget` condition (evicted, preempted, its node shutting
     /// down): it was asked to stop.
     pub disrupted: bool,
@@ -136,6 +141,39 @@ pub struct DrainPod {
     pub started_at: Option<Timestamp>,
     /// The progress it publishes on itself, if it does.
     pub progress: Option<DrainProgress>,
+}
+
+impl DrainPod {
+    /// When its published progress last changed (the drain pod's clock), if it published any.
+    pub fn published_progress_at(&self) -> Option<Timestamp> {
+        self.progress
+            .as_ref()
+            .and_then(|p| p.changed_at.parse::<Timestamp>().ok())
+    }
+
+    /// The latest of its published progress, its start and its creation.
+    pub fn last_progress(&self) -> Option<Timestamp> {
+        [
+            self.published_progress_at(),
+            self.started_at,
+            self.created_at,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    }
+}
+
+/// One regular container of a drain pod: the claims it uses and the record it wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainContainer {
+    /// Its name.
+    pub name: String,
+    /// The pod's claims `{name: UID}` it mounts or attaches.
+    pub claims: BTreeMap<String, String>,
+    /// The claims named by the completion record it wrote to its termination message, when it
+    /// exited 0 with one (its current run's, not an earlier one's).
+    pub record: Option<BTreeMap<String, String>>,
 }
 
 /// The settings a drain pod was created under ([`drain_api::pod_annotations::SETTINGS`]): its
@@ -184,8 +222,21 @@ pub struct PodObs {
     pub uid: String,
     /// Whether it has a deletion timestamp.
     pub terminating: bool,
+    /// What holds it while it is being deleted, if it is.
+    pub deletion: Option<Deletion>,
     /// Drain pod or other.
     pub kind: PodKind,
+}
+
+/// A pod being deleted: when it should be gone, and what may keep it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deletion {
+    /// Its deletion timestamp: the end of its grace period (the API server's clock).
+    pub due: Option<Timestamp>,
+    /// Its finalizers.
+    pub finalizers: Vec<String>,
+    /// The node it runs on, when known.
+    pub node: Option<String>,
 }
 
 /// What the planner sees of one StatefulSet.
@@ -202,6 +253,9 @@ pub struct Snapshot {
     /// Ordinals the set may run outside its range (an Advanced StatefulSet's ordinals counted
     /// from 0, in case Kruise ignores `spec.ordinals.start`): held, never drained.
     pub also_held: Option<drain_api::names::OrdinalRange>,
+    /// The set's claim templates (`spec.volumeClaimTemplates` names): a drain pod starts only
+    /// while the ordinal has a live claim of each.
+    pub claim_templates: Vec<String>,
     /// The set's claims (all ordinals).
     pub claims: Vec<Claim>,
     /// Pods holding one of the set's pod names.

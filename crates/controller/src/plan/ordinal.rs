@@ -49,6 +49,7 @@ pub(super) fn merged_record(claims: &[&Claim]) -> DrainRecord {
         if best.returned_at.is_none() {
             best.returned_at = r.returned_at;
         }
+        best.held |= r.held;
     }
     best
 }
@@ -120,6 +121,7 @@ pub(super) fn record_of(
         template_hash: Some(hash.clone()),
         returned_at: claims.returned_at,
         approved: claims.approved,
+        held: claims.held,
         ..DrainRecord::default()
     };
     (record, Some((start, hash.clone())))
@@ -171,6 +173,8 @@ impl Ordinal<'_> {
 
 pub(super) struct Planner<'a> {
     pub(super) settings: &'a Settings,
+    pub(super) set_name: &'a str,
+    pub(super) claim_templates: &'a [String],
     pub(super) now: Timestamp,
     pub(super) plan: Plan,
     /// Slots taken by drains in flight (a drain pod exists, or a retry is pending).

@@ -41,6 +41,42 @@ fn claim_list(claims: &BTreeMap<String, String>) -> String {
         .join(", ")
 }
 
+/// What keeps the completion records of `drain`'s containers from proving every claim it
+/// drains, for people; empty when each claim is proven. A claim is proven when a regular
+/// container uses it and every regular container that uses it exited 0 with the record of
+/// exactly the claims it uses: one container's record never proves a claim another drains.
+pub fn record_gaps(drain: &DrainPod) -> Vec<String> {
+    let mut gaps = Vec::new();
+    for (claim, uid) in &drain.claims {
+        if !drain
+            .containers
+            .iter()
+            .any(|c| c.claims.get(claim) == Some(uid))
+        {
+            gaps.push(format!(
+                "no container of it uses claim {claim}, so nothing can prove it drained"
+            ));
+        }
+    }
+    for c in drain.containers.iter().filter(|c| !c.claims.is_empty()) {
+        match &c.record {
+            Some(named) if *named == c.claims => {}
+            Some(named) => gaps.push(format!(
+                "container {}'s completion record names claims {}, not the claims it uses ({})",
+                c.name,
+                claim_list(named),
+                claim_list(&c.claims)
+            )),
+            None => gaps.push(format!(
+                "container {} (draining {}) has not exited 0 with its completion record",
+                c.name,
+                claim_list(&c.claims)
+            )),
+        }
+    }
+    gaps
+}
+
 /// Judges whether `pod`, a drain pod of the ordinal, finished, under `proof`; `recorded` says
 /// whether a claim of the ordinal records that it was seen succeeding (`exit-code` only).
 /// No clock is read: only what the pod reports and the order the API server gives.
@@ -67,27 +103,35 @@ pub fn finish(pod: &PodObs, drain: &DrainPod, proof: SuccessProof, recorded: boo
         why,
     };
     match proof {
-        // A drain container that wrote the record finished, whatever its pod does next (a
+        // Every claim is proven by the containers that use it, whatever the pod does next (a
         // sidecar that never exits, such as an injected mesh proxy, keeps the pod running).
-        SuccessProof::CompletionRecord => match (&drain.completion, stopped) {
-            (Some(named), _) if !named.is_empty() && *named == drain.claims => Finish::Proven {
-                record_first: false,
-            },
-            _ if drain.phase != DrainPhase::Succeeded => Finish::NotFinished,
-            (Some(named), _) => no_proof(format!(
-                "its completion record names claims {}, not the claims it was bound to ({})",
-                claim_list(named),
-                claim_list(&drain.claims)
-            )),
-            (None, Some(stop)) => interrupted(format!(
-                "{stop} and exited 0 without writing the completion record"
-            )),
-            (None, None) => no_proof(
-                "it exited 0 without writing the completion record (DRAIN_COMPLETION_RECORD to \
-                 its termination message), so nothing shows its drain finished"
-                    .to_owned(),
-            ),
-        },
+        SuccessProof::CompletionRecord => {
+            let gaps = record_gaps(drain);
+            if !drain.claims.is_empty() && gaps.is_empty() {
+                return Finish::Proven {
+                    record_first: false,
+                };
+            }
+            if drain.phase != DrainPhase::Succeeded {
+                return Finish::NotFinished;
+            }
+            let wrote_none = drain.containers.iter().all(|c| c.record.is_none());
+            match stopped {
+                Some(stop) if wrote_none => interrupted(format!(
+                    "{stop} and exited 0 without writing the completion record"
+                )),
+                _ if wrote_none => no_proof(
+                    "it exited 0 without writing the completion record (DRAIN_COMPLETION_RECORD \
+                     to its termination message), so nothing shows its drain finished"
+                        .to_owned(),
+                ),
+                Some(stop) => interrupted(format!("{stop} and {}", gaps.join("; "))),
+                None if drain.claims.is_empty() => no_proof(
+                    "it names no claims it was bound to, so no record proves a drain".to_owned(),
+                ),
+                None => no_proof(gaps.join("; ")),
+            }
+        }
         SuccessProof::ExitCode => {
             if drain.phase != DrainPhase::Succeeded {
                 return Finish::NotFinished;

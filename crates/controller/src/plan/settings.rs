@@ -41,6 +41,9 @@ pub struct Settings {
     pub retry_max: Duration,
     /// A drain pod that has not started (or is blocked) this long after its creation is stuck.
     pub stuck_after: Duration,
+    /// A running drain pod that published no progress and changed no container state this
+    /// long is quiet: warned once, left running (`None`: never).
+    pub quiet_after: Option<Duration>,
     /// A drain pod whose containers restarted this often is stuck.
     pub max_restarts: u32,
     /// Under `finish`, the longest a returning ordinal waits for its drain.
@@ -68,6 +71,7 @@ impl Default for Settings {
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
             stuck_after: Duration::from_secs(300),
+            quiet_after: Some(Duration::from_secs(1800)),
             max_restarts: 3,
             scale_up_wait: Duration::from_secs(300),
             manual_approval: false,

@@ -41,6 +41,7 @@ fn stateful_pod(ordinal: i32) -> PodObs {
         name: format!("{SET}-{ordinal}"),
         uid: format!("sts-pod-{ordinal}"),
         terminating: false,
+        deletion: None,
         kind: PodKind::Other,
     }
 }
@@ -55,6 +56,7 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
         name: format!("{SET}-{ordinal}"),
         uid: format!("drain-pod-{ordinal}"),
         terminating: false,
+        deletion: None,
         kind: PodKind::Drain(DrainPod {
             phase,
             claims: claims
@@ -67,13 +69,22 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             created_at: Some(t(-100)),
             delete_requested_at: None,
             finished_at: finished.then(|| t(-1)),
-            // A drain that succeeded wrote its completion record (see `without_record`).
-            completion: (phase == DrainPhase::Succeeded).then(|| {
-                claims
+            changed_at: (phase != DrainPhase::Pending).then(|| t(-90)),
+            // One container drains every claim; when the pod succeeded it wrote its completion
+            // record (see `without_record`).
+            containers: vec![DrainContainer {
+                name: "drain".to_owned(),
+                claims: claims
                     .iter()
                     .map(|c| (c.name.clone(), c.uid.clone()))
-                    .collect()
-            }),
+                    .collect(),
+                record: (phase == DrainPhase::Succeeded).then(|| {
+                    claims
+                        .iter()
+                        .map(|c| (c.name.clone(), c.uid.clone()))
+                        .collect()
+                }),
+            }],
             disrupted: false,
             kill_probes: false,
             settings: None,
@@ -97,8 +108,35 @@ fn drain_of(pod: &mut PodObs) -> &mut DrainPod {
 
 /// The pod, without a completion record (a program that was stopped, or that never writes it).
 fn without_record(mut pod: PodObs) -> PodObs {
-    drain_of(&mut pod).completion = None;
+    for c in &mut drain_of(&mut pod).containers {
+        c.record = None;
+    }
     pod
+}
+
+/// A container of a drain pod named for what the test knows of it: `finished` when its program
+/// drained all it uses, else `unfinished`; the planner never reads the name.
+fn container(
+    finished: bool,
+    claims: &BTreeMap<String, String>,
+    record: Option<&BTreeMap<String, String>>,
+) -> DrainContainer {
+    DrainContainer {
+        name: if finished { "finished" } else { "unfinished" }.to_owned(),
+        claims: claims.clone(),
+        record: record.cloned(),
+    }
+}
+
+/// Whether every container of `d` that uses the claim `name` with `uid` finished its drain, by
+/// the test's own knowledge (the containers' names), and at least one does use it.
+fn truly_drained(d: &DrainPod, name: &str, uid: &str) -> bool {
+    let mut users = d
+        .containers
+        .iter()
+        .filter(|c| c.claims.get(name).map(String::as_str) == Some(uid))
+        .peekable();
+    users.peek().is_some() && users.all(|c| c.name == "finished")
 }
 
 /// The pod, with a deletion requested at `asked`.
@@ -115,6 +153,13 @@ fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
         ordinals_start: 0,
         reserved: Default::default(),
         also_held: None,
+        // Every template some claim of the test belongs to.
+        claim_templates: claims
+            .iter()
+            .map(|c| c.template.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
         claims,
         pods,
         previous: BTreeMap::new(),
@@ -847,9 +892,10 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
         any::<bool>(),
         any::<bool>(),
         prop::option::of(-400i64..50),
+        prop::bool::weighted(0.1),
     )
         .prop_map(
-            |(attempts, first, retry, has_pod, counted, stale, returned)| DrainRecord {
+            |(attempts, first, retry, has_pod, counted, stale, returned, held)| DrainRecord {
                 attempts,
                 first_attempt_at: first.map(t),
                 retry_after: retry.map(t),
@@ -860,6 +906,7 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
                 returned_at: returned.map(t),
                 approved: false,
                 succeeded_pod_uid: None,
+                held,
             },
         )
 }
@@ -882,7 +929,7 @@ enum PodChoice {
         restarts: u32,
         blocker: Option<bool>,
         stale_template: bool,
-        /// 0: no completion record, 1: one naming its claims, 2: one naming others.
+        /// Its containers and their records, see `containers_of`.
         completion: u8,
         disrupted: bool,
         kill_probes: bool,
@@ -893,6 +940,46 @@ enum PodChoice {
     },
     Foreign,
     Unknown,
+}
+
+/// The containers of a drain pod of `claims` for layout `layout`, each named for whether it
+/// truly finished (see `container`):
+/// 0: one container, no record; 1: one, its record; 2: one, a record naming other claims;
+/// 3: one per claim and a proxy that uses none, each with its record; 4: one per claim, the
+/// first finished with a record naming every claim of the pod while the others still drain;
+/// 5: one per claim, the first finished with its record while the others still drain.
+fn containers_of(layout: u8, claims: &BTreeMap<String, String>) -> Vec<DrainContainer> {
+    let each: Vec<BTreeMap<String, String>> = claims
+        .iter()
+        .map(|(n, u)| BTreeMap::from([(n.clone(), u.clone())]))
+        .collect();
+    let others = BTreeMap::from([("data-web-9".to_owned(), "u".to_owned())]);
+    match layout {
+        0 => vec![container(false, claims, None)],
+        1 => vec![container(true, claims, Some(claims))],
+        2 => vec![container(false, claims, Some(&others))],
+        3 => each
+            .iter()
+            .map(|c| container(true, c, Some(c)))
+            .chain([container(false, &BTreeMap::new(), None)])
+            .collect(),
+        4 => each
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i {
+                0 => container(true, c, Some(claims)),
+                _ => container(false, c, None),
+            })
+            .collect(),
+        _ => each
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i {
+                0 => container(true, c, Some(c)),
+                _ => container(false, c, None),
+            })
+            .collect(),
+    }
 }
 
 fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
@@ -906,7 +993,7 @@ fn arb_drain_choice() -> impl Strategy<Value = PodChoice> {
         prop::option::of(any::<bool>()),
         any::<bool>(),
         (
-            0u8..3,
+            0u8..6,
             any::<bool>(),
             any::<bool>(),
             any::<bool>(),
@@ -1058,14 +1145,7 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                             if stale_template {
                                 d.template_hash = Some("h0".to_owned());
                             }
-                            d.completion = match completion {
-                                0 => None,
-                                1 => Some(d.claims.clone()),
-                                _ => Some(BTreeMap::from([(
-                                    "data-web-9".to_owned(),
-                                    "u".to_owned(),
-                                )])),
-                            };
+                            d.containers = containers_of(completion, &d.claims);
                             d.disrupted = disrupted;
                             d.kill_probes = kill_probes;
                             d.settings =
@@ -1116,6 +1196,8 @@ fn arb_snapshot() -> impl Strategy<Value = (Snapshot, Settings)> {
                     ..settings()
                 };
                 let mut s = snap(replicas, claims, pods);
+                // Both templates, whichever claims exist: an ordinal may miss one.
+                s.claim_templates = vec!["data".to_owned(), "logs".to_owned()];
                 s.ordinals_start = start;
                 // An Advanced StatefulSet with a start other than 0 also holds the ordinals
                 // counted from 0 (Kruise may ignore the start).
@@ -1168,10 +1250,12 @@ proptest! {
                 let record = settings.proof == SuccessProof::CompletionRecord
                     || d.settings.is_some_and(|p| p.proof == SuccessProof::CompletionRecord);
                 match if record { SuccessProof::CompletionRecord } else { SuccessProof::ExitCode } {
-                    // Only the record of exactly its claims proves it, whatever the phase (a
+                    // Only the containers that drain a claim prove it, whatever the phase (a
                     // sidecar may still run); no time counts.
                     SuccessProof::CompletionRecord => {
-                        prop_assert!(!drained.is_empty() && d.completion.as_ref() == Some(drained), "claims deleted without the completion record");
+                        for c in claims {
+                            prop_assert!(truly_drained(d, &c.name, &c.uid), "claim {} deleted while a container draining it had not finished: {:?}", c.name, d.containers);
+                        }
                     }
                     // Seen succeeding with no stop requested, and recorded before anything else.
                     SuccessProof::ExitCode => {
@@ -1200,6 +1284,21 @@ proptest! {
                 for c in claims.values() {
                     prop_assert!(s.claims.iter().any(|x| x.uid == c.uid && !x.terminating && x.ordinal == *ordinal));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_drain_pod_starts_only_with_a_live_claim_of_every_template_and_none_held((s, settings) in arb_snapshot(), now in -100i64..100) {
+        let plan = plan(&s, &settings, t(now));
+        for action in &plan.actions {
+            if let Action::CreateDrainPod { ordinal, claims, .. } = action {
+                let live: Vec<&Claim> = s.claims.iter().filter(|c| c.ordinal == *ordinal && !c.terminating).collect();
+                for template in &s.claim_templates {
+                    prop_assert!(live.iter().any(|c| &c.template == template), "ordinal {} drained without its {} claim", ordinal, template);
+                    prop_assert!(claims.contains_key(template));
+                }
+                prop_assert!(live.iter().all(|c| !c.record.held), "a held claim drained");
             }
         }
     }
@@ -1298,7 +1397,7 @@ proptest! {
                 let pod = s.pods.iter().find(|p| &p.uid == uid).expect("deleted pod observed");
                 let PodKind::Drain(d) = &pod.kind else { panic!("not a drain pod") };
                 let finished = matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed)
-                    || d.completion.as_ref().is_some_and(|c| !c.is_empty() && *c == d.claims);
+                    || (!d.claims.is_empty() && d.claims.iter().all(|(n, u)| truly_drained(d, n, u)));
                 prop_assert!(finished || resource_version.as_deref() == Some(d.resource_version.as_str()), "{:?} of an unfinished pod without a precondition", why);
             }
         }
@@ -1436,7 +1535,7 @@ fn a_completion_record_that_names_other_claims_proves_nothing() {
         BTreeMap::new(),
     ] {
         let mut pod = drain_pod(2, DrainPhase::Succeeded, &[&c]);
-        drain_of(&mut pod).completion = Some(named.clone());
+        drain_of(&mut pod).containers[0].record = Some(named.clone());
         let plan = plan(&snap(2, vec![c.clone()], vec![pod]), &settings(), t(0));
         assert!(
             !plan
@@ -1451,7 +1550,8 @@ fn a_completion_record_that_names_other_claims_proves_nothing() {
         };
         assert_eq!(*kind, FailureKind::Unproven);
         assert!(
-            reason.contains("not the claims it was bound to (data-web-2 (uid-data-2))"),
+            reason.contains("container drain's completion record names claims")
+                && reason.contains("not the claims it uses (data-web-2 (uid-data-2))"),
             "{reason}"
         );
     }
@@ -2475,7 +2575,9 @@ fn a_completion_record_proves_the_drain_while_a_sidecar_keeps_the_pod_running() 
     let c = with_record(claim("data", 2), running_record(2));
     let mut pod = drain_pod(2, DrainPhase::Running, &[&c]);
     // The drain container exited 0 with its record; an injected proxy still runs.
-    drain_of(&mut pod).completion = Some(BTreeMap::from([(c.name.clone(), c.uid.clone())]));
+    let d = drain_of(&mut pod);
+    d.containers[0].record = Some(d.containers[0].claims.clone());
+    d.containers.push(container(false, &BTreeMap::new(), None));
     let proven = plan(
         &snap(2, vec![c.clone()], vec![pod.clone()]),
         &settings(),
@@ -2535,4 +2637,345 @@ fn a_drain_pod_kept_running_by_a_container_that_never_exits_says_so_once() {
     let second = plan(&again, &exit_code(), t(1));
     assert!(second.actions.is_empty(), "{:?}", second.actions);
     assert_eq!(second.status, first.status);
+}
+
+/// A drain pod of `data` and `index` claims with one container per claim: `data` still
+/// draining, `index` done with the record `index_record`.
+fn per_claim_pod(data: &Claim, index: &Claim, index_record: &BTreeMap<String, String>) -> PodObs {
+    let mut pod = drain_pod(2, DrainPhase::Running, &[data, index]);
+    let own = |c: &Claim| BTreeMap::from([(c.name.clone(), c.uid.clone())]);
+    drain_of(&mut pod).containers = vec![
+        container(false, &own(data), None),
+        container(true, &own(index), Some(index_record)),
+    ];
+    pod
+}
+
+#[test]
+fn one_containers_record_proves_no_claim_another_container_drains() {
+    let data = with_record(claim("data", 2), running_record(2));
+    let index = with_record(claim("index", 2), running_record(2));
+    let own_index = BTreeMap::from([(index.name.clone(), index.uid.clone())]);
+    let whole_pod = BTreeMap::from([
+        (data.name.clone(), data.uid.clone()),
+        (index.name.clone(), index.uid.clone()),
+    ]);
+    // The index container finished (with its own record, or one naming the whole pod, as every
+    // container was given before) while the data container still drains: nothing is deleted.
+    for record in [&own_index, &whole_pod] {
+        let pod = per_claim_pod(&data, &index, record);
+        let s = snap(2, vec![data.clone(), index.clone()], vec![pod]);
+        let plan = plan(&s, &settings(), t(0));
+        assert!(
+            !plan.actions.iter().any(|a| matches!(
+                a,
+                Action::DeleteClaims { .. } | Action::DeleteDrainPod { .. }
+            )),
+            "{record:?}: {:?}",
+            plan.actions
+        );
+        assert!(matches!(plan.status[&2], OrdinalState::Draining { .. }));
+    }
+    // Once the data container exited 0 with its record, both claims go.
+    let mut pod = per_claim_pod(&data, &index, &own_index);
+    drain_of(&mut pod).containers[0].record =
+        Some(BTreeMap::from([(data.name.clone(), data.uid.clone())]));
+    let s = snap(2, vec![data.clone(), index.clone()], vec![pod]);
+    assert_eq!(
+        plan(&s, &settings(), t(0)).actions,
+        vec![
+            Action::DeleteClaims {
+                ordinal: 2,
+                claims: refs(&[&data, &index])
+            },
+            delete_pod(2, DeleteWhy::Succeeded),
+        ]
+    );
+}
+
+#[test]
+fn a_pod_that_ended_with_a_claim_its_container_did_not_prove_is_unproven() {
+    let data = with_record(claim("data", 2), running_record(2));
+    let index = with_record(claim("index", 2), running_record(2));
+    let whole_pod = BTreeMap::from([
+        (data.name.clone(), data.uid.clone()),
+        (index.name.clone(), index.uid.clone()),
+    ]);
+    // The data container exited 0 without its record (stopped mid-drain by a program that
+    // exits 0 on SIGTERM); the index one wrote a record naming both claims.
+    let mut pod = per_claim_pod(&data, &index, &whole_pod);
+    drain_of(&mut pod).phase = DrainPhase::Succeeded;
+    let s = snap(2, vec![data.clone(), index.clone()], vec![pod]);
+    let plan = plan(&s, &settings(), t(0));
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::DeleteClaims { .. })),
+        "{:?}",
+        plan.actions
+    );
+    let Action::RecordFailure { kind, reason, .. } = &plan.actions[0] else {
+        panic!("{:?}", plan.actions)
+    };
+    assert_eq!(*kind, FailureKind::Unproven);
+    assert!(
+        reason.contains(&format!(
+            "container unfinished (draining {} ({})) has not exited 0 with its completion record",
+            data.name, data.uid
+        )) && reason.contains("container finished's completion record names claims"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn the_status_keeps_only_the_newest_done_ordinals() {
+    let mut s = snap(1, vec![], vec![]);
+    for o in 1..=(DONE_KEPT as i32 + 20) {
+        s.previous.insert(
+            o,
+            OrdinalState::Done {
+                at: t(i64::from(o)).to_string(),
+            },
+        );
+    }
+    // One with a time that does not parse is the first to go.
+    s.previous.insert(
+        500,
+        OrdinalState::Done {
+            at: "garbage".to_owned(),
+        },
+    );
+    let first = plan(&s, &settings(), t(1000));
+    let kept: Vec<i32> = first.status.keys().copied().collect();
+    let newest: Vec<i32> = (21..=(DONE_KEPT as i32 + 20)).collect();
+    assert_eq!(kept, newest);
+    // A fresh success is among the kept.
+    let c = with_record(claim("data", 600), running_record(600));
+    s.claims.push(c.clone());
+    s.pods.push(drain_pod(600, DrainPhase::Succeeded, &[&c]));
+    let plan = plan(&s, &settings(), t(1000));
+    assert!(matches!(plan.status[&600], OrdinalState::Done { .. }));
+    assert_eq!(plan.status.len(), DONE_KEPT);
+}
+
+#[test]
+fn a_claim_restored_from_a_retained_volume_is_held_until_its_pod_comes_back() {
+    let mut c = claim("data", 2);
+    c.record.held = true;
+    let plan = plan(&snap(2, vec![c.clone()], vec![]), &settings(), t(0));
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    let OrdinalState::Waiting { reason } = &plan.status[&2] else {
+        panic!("{:?}", plan.status)
+    };
+    assert!(reason.contains("data-web-2 is held"), "{reason}");
+    // The set brings its pod back: the hold is cleared with the record.
+    let back = plan_fn(&snap(3, vec![c.clone()], vec![stateful_pod(2)]));
+    assert_eq!(
+        back.actions,
+        vec![Action::ClearRecord {
+            ordinal: 2,
+            claims: refs(&[&c])
+        }]
+    );
+}
+
+fn plan_fn(s: &Snapshot) -> Plan {
+    plan(s, &settings(), t(0))
+}
+
+fn quiet_after(secs: u64) -> Settings {
+    Settings {
+        quiet_after: Some(Duration::from_secs(secs)),
+        ..settings()
+    }
+}
+
+#[test]
+fn a_drain_that_shows_nothing_for_the_quiet_time_is_warned_once_and_left_running() {
+    let c = with_record(claim("data", 2), running_record(2));
+    // Started at -90, no progress, no container change since.
+    let pod = drain_pod(2, DrainPhase::Running, &[&c]);
+    let before = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &quiet_after(100),
+        t(0),
+    );
+    assert!(before.actions.is_empty(), "{:?}", before.actions);
+    assert!(before.quiet.is_empty());
+    assert_eq!(before.requeue_after, Some(Duration::from_secs(10)));
+    let first = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &quiet_after(100),
+        t(20),
+    );
+    let [
+        Action::Warn {
+            reason, message, ..
+        },
+    ] = first.actions.as_slice()
+    else {
+        panic!("{:?}", first.actions)
+    };
+    assert_eq!(*reason, "DrainQuiet");
+    assert!(message.contains("left running"), "{message}");
+    assert!(first.quiet.contains(&2));
+    // Told once; never stopped for it.
+    let mut again = snap(2, vec![c.clone()], vec![pod.clone()]);
+    again.previous = first.status.clone();
+    let second = plan(&again, &quiet_after(100), t(500));
+    assert!(second.actions.is_empty(), "{:?}", second.actions);
+    assert!(second.quiet.contains(&2));
+    // A container that restarted, or progress published, is a change: quiet no more.
+    let mut changed = pod.clone();
+    drain_of(&mut changed).changed_at = Some(t(15));
+    let p = plan(
+        &snap(2, vec![c.clone()], vec![changed]),
+        &quiet_after(100),
+        t(20),
+    );
+    assert!(
+        p.actions.is_empty() && p.quiet.is_empty(),
+        "{:?}",
+        p.actions
+    );
+    let p = plan(
+        &snap(
+            2,
+            vec![c.clone()],
+            vec![running_with(&c, Some(progress(3, t(15))))],
+        ),
+        &quiet_after(100),
+        t(20),
+    );
+    assert!(
+        p.actions.is_empty() && p.quiet.is_empty(),
+        "{:?}",
+        p.actions
+    );
+    // Off: never.
+    let off = Settings {
+        quiet_after: None,
+        ..settings()
+    };
+    let p = plan(&snap(2, vec![c.clone()], vec![pod]), &off, t(5000));
+    assert!(
+        p.actions.is_empty() && p.quiet.is_empty(),
+        "{:?}",
+        p.actions
+    );
+}
+
+fn deleting(mut pod: PodObs, due: i64, finalizers: &[&str], node: Option<&str>) -> PodObs {
+    pod.terminating = true;
+    pod.deletion = Some(Deletion {
+        due: Some(t(due)),
+        finalizers: finalizers.iter().map(|f| (*f).to_owned()).collect(),
+        node: node.map(str::to_owned),
+    });
+    pod
+}
+
+#[test]
+fn a_drain_pod_stuck_terminating_is_a_stuck_attempt_naming_what_holds_it() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let pod = |finalizers: &[&str], node| {
+        deleting(
+            drain_pod(2, DrainPhase::Running, &[&c]),
+            -400,
+            finalizers,
+            node,
+        )
+    };
+    // Within stuck_after (300 s) of its grace period's end: waited for.
+    let early = plan(
+        &snap(2, vec![c.clone()], vec![pod(&[], Some("n1"))]),
+        &settings(),
+        t(-200),
+    );
+    assert!(early.actions.is_empty(), "{:?}", early.actions);
+    assert!(matches!(early.status[&2], OrdinalState::Waiting { .. }));
+    for (finalizers, node, named) in [
+        (
+            &["example.com/hold"][..],
+            Some("n1"),
+            "finalizers example.com/hold keep it",
+        ),
+        (
+            &[][..],
+            Some("n1"),
+            "its node n1 does not confirm it stopped",
+        ),
+    ] {
+        let p = plan(
+            &snap(2, vec![c.clone()], vec![pod(finalizers, node)]),
+            &settings(),
+            t(0),
+        );
+        let Some(Action::RecordFailure { kind, reason, .. }) = p.actions.first() else {
+            panic!("{:?}", p.actions)
+        };
+        assert_eq!(*kind, FailureKind::Stuck);
+        assert!(reason.contains(named), "{reason}");
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteClaims { .. }))
+        );
+    }
+    // Past the deadline, counted: it gives up (the claims are kept).
+    let mut counted = with_record(claim("data", 2), running_record(2));
+    counted.record.counted_pod_uid = Some("drain-pod-2".to_owned());
+    counted.record.first_attempt_at = Some(t(-10_000));
+    let with_deadline = Settings {
+        deadline: Some(Duration::from_secs(600)),
+        ..settings()
+    };
+    let p = plan(
+        &snap(
+            2,
+            vec![counted.clone()],
+            vec![deleting(
+                drain_pod(2, DrainPhase::Running, &[&counted]),
+                -400,
+                &[],
+                None,
+            )],
+        ),
+        &with_deadline,
+        t(0),
+    );
+    assert!(
+        matches!(p.status[&2], OrdinalState::Failed { .. }),
+        "{:?}",
+        p.status
+    );
+}
+
+#[test]
+fn a_removed_stateful_pod_stuck_terminating_blocks_with_a_warning() {
+    let c = with_record(claim("data", 2), DrainRecord::default());
+    let pod = deleting(stateful_pod(2), -400, &["example.com/hold"], None);
+    let p = plan(
+        &snap(2, vec![c.clone()], vec![pod.clone()]),
+        &settings(),
+        t(0),
+    );
+    let [
+        Action::Warn {
+            reason, message, ..
+        },
+    ] = p.actions.as_slice()
+    else {
+        panic!("{:?}", p.actions)
+    };
+    assert_eq!(*reason, "DrainBlocked");
+    assert!(
+        message.contains("example.com/hold") && message.contains("web-2"),
+        "{message}"
+    );
+    let fresh = deleting(stateful_pod(2), -10, &[], None);
+    let p = plan(&snap(2, vec![c], vec![fresh]), &settings(), t(0));
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(matches!(p.status[&2], OrdinalState::Waiting { .. }));
 }

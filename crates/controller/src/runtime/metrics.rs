@@ -13,6 +13,7 @@
 //! | `drains_interrupted_total` | counter | drain pods that exited 0 after being asked to stop (not a success) |
 //! | `drains_gave_up_total` | counter | ordinals whose retrying stopped (limit or deadline) |
 //! | `drains_in_progress` | gauge | ordinals with a drain pod (draining or stuck) |
+//! | `quiet_drains` | gauge | drains that published no progress and changed no container state for `--quiet-after` (Warning `DrainQuiet`) |
 //! | `orphaned_claims_waiting` | gauge | ordinals whose claims wait for a drain (slot, backoff, pod still there) |
 //! | `drain_duration_seconds` | histogram | drain pod created → its containers finished, for successful drains |
 //! | `reaction_seconds` | histogram | stateful pod gone (watch event) → drain pod created, first attempts |
@@ -108,6 +109,8 @@ pub struct Metrics {
     pub drains_gave_up: Family<SetLabels, Counter>,
     /// Ordinals with a drain pod.
     pub drains_in_progress: Family<SetLabels, Gauge>,
+    /// Drains quiet for `--quiet-after`.
+    pub quiet_drains: Family<SetLabels, Gauge>,
     /// Ordinals waiting for a drain.
     pub orphaned_claims_waiting: Family<SetLabels, Gauge>,
     /// Drain pod created → finished, successful drains.
@@ -172,6 +175,7 @@ impl Default for Metrics {
             drains_interrupted: Family::default(),
             drains_gave_up: Family::default(),
             drains_in_progress: Family::default(),
+            quiet_drains: Family::default(),
             orphaned_claims_waiting: Family::default(),
             drain_duration,
             // 1 ms to about 33 s.
@@ -218,6 +222,11 @@ impl Default for Metrics {
             "drains_in_progress",
             "Ordinals with a drain pod",
             m.drains_in_progress.clone(),
+        );
+        r.register(
+            "quiet_drains",
+            "Drains with no progress and no container change for --quiet-after",
+            m.quiet_drains.clone(),
         );
         r.register(
             "orphaned_claims_waiting",
@@ -361,6 +370,9 @@ impl Metrics {
                 OrdinalState::Draining { .. } | OrdinalState::Stuck { .. }
             )
         }));
+        self.quiet_drains
+            .get_or_create(&set)
+            .set(i64::try_from(plan.quiet.len()).unwrap_or(i64::MAX));
         self.orphaned_claims_waiting
             .get_or_create(&set)
             .set(count(|s| {
@@ -386,6 +398,7 @@ impl Metrics {
             self.drains_interrupted.remove(set);
             self.drains_gave_up.remove(set);
             self.drains_in_progress.remove(set);
+            self.quiet_drains.remove(set);
             self.orphaned_claims_waiting.remove(set);
             self.drain_duration.remove(set);
             for kind in FAILURE_KINDS.into_iter().filter_map(failure_label) {
@@ -493,6 +506,7 @@ mod tests {
         Snapshot {
             set_name: set.into(),
             replicas: 1,
+            claim_templates: vec!["data".to_owned()],
             claims: ordinals.iter().map(|o| claim(*o)).collect(),
             ..Snapshot::default()
         }

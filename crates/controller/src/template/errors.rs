@@ -93,6 +93,18 @@ pub enum TemplateError {
         /// Name of the StatefulSet.
         set: String,
     },
+    /// The set's own pod template carries a label reserved for drain pods: its pods would be
+    /// taken for drain pods.
+    #[error(
+        "the pod template of statefulset {set} carries label {label}, which marks drain pods: \
+         remove it from spec.template.metadata.labels"
+    )]
+    ReservedLabelOnSetPods {
+        /// Name of the StatefulSet.
+        set: String,
+        /// The label.
+        label: String,
+    },
     /// The set has no volume claim templates, so there is nothing to drain.
     #[error("statefulset {set} has no volumeClaimTemplates")]
     NoClaimTemplates {
@@ -152,6 +164,7 @@ impl TemplateError {
             Self::DrainPodAdoptable { .. } => "DrainPodAdoptable",
             Self::ClaimsDeletedOnScaleDown { .. } => "ClaimsDeletedOnScaleDown",
             Self::NoClaimTemplates { .. } => "NoClaimTemplates",
+            Self::ReservedLabelOnSetPods { .. } => "ReservedLabelOnSetPods",
             Self::KillingProbe { .. } => "ProbeUnderExitCodeProof",
             Self::ForeignClaim { .. } => "ForeignClaimInDrainTemplate",
             Self::EphemeralContainers => "InvalidDrainTemplate",

@@ -2,10 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use drain_api::completion::CompletionRecord;
 use drain_api::{env, labels, pod_annotations};
 use k8s_openapi::api::core::v1::{EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::Value;
+
+use crate::claim_use::claims_used;
 
 /// Restart policy of drain pods whose template sets none.
 pub const DEFAULT_RESTART_POLICY: &str = "OnFailure";
@@ -121,7 +124,8 @@ impl DrainTemplate {
     /// bound to the ordinal's claim (replacing any template volume of that name); the drain
     /// labels; the [`pod_annotations::CLAIMS`] annotation listing `input.claims`; a
     /// non-controller owner reference to the set; and the drain environment variables in every
-    /// container and init container (a variable the template already defines is kept).
+    /// container and init container (a variable the template already defines is kept, but the
+    /// completion record, which names exactly the claims of `input.claims` that container uses).
     pub fn pod(&self, input: &DrainPodInput) -> Pod {
         let ordinal = input.ordinal;
         let name = self.pod_name(ordinal);
@@ -134,23 +138,15 @@ impl DrainTemplate {
 
         let volumes = spec.volumes.get_or_insert_with(Vec::new);
         for claim_template in &self.claim_templates {
-            // A template whose claim is gone (deleted by hand) gets an empty directory, so the
-            // drain containers' mounts still resolve and the other claims are drained.
-            let volume = if input.claims.is_empty() || input.claims.contains_key(claim_template) {
-                Volume {
-                    name: claim_template.clone(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: self.claim_name(claim_template, ordinal),
-                        read_only: None,
-                    }),
-                    ..Volume::default()
-                }
-            } else {
-                Volume {
-                    name: claim_template.clone(),
-                    empty_dir: Some(Default::default()),
-                    ..Volume::default()
-                }
+            // Every template's volume is its claim: the planner starts no drain while one of
+            // the ordinal's claims is missing, so nothing stands in for one in silence.
+            let volume = Volume {
+                name: claim_template.clone(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: self.claim_name(claim_template, ordinal),
+                    read_only: None,
+                }),
+                ..Volume::default()
             };
             match volumes.iter_mut().find(|v| v.name == *claim_template) {
                 Some(existing) => *existing = volume,
@@ -158,16 +154,30 @@ impl DrainTemplate {
             }
         }
 
+        let drained: BTreeMap<String, String> = input.claims.values().cloned().collect();
         let vars = self.env_vars(input, &name);
+        let used: Vec<BTreeMap<String, String>> = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .map(|c| claims_used(&spec, c, &drained))
+            .collect();
         let all_containers = spec
             .containers
             .iter_mut()
             .chain(spec.init_containers.iter_mut().flatten());
-        for container in all_containers {
+        for (container, used) in all_containers.zip(used) {
+            // Each container's record names exactly the claims it uses: only the containers
+            // that drain a claim can prove it drained.
+            let record = EnvVar {
+                name: env::COMPLETION_RECORD.to_owned(),
+                value: Some(CompletionRecord::new(used).render()),
+                value_from: None,
+            };
             let env = container.env.get_or_insert_with(Vec::new);
-            for var in &vars {
+            for var in vars.iter().chain(std::iter::once(&record)) {
                 match env.iter_mut().find(|existing| existing.name == var.name) {
-                    // The completion record is always ours: it names the claims the pod drains.
+                    // The completion record is always ours.
                     Some(existing) if var.name == env::COMPLETION_RECORD => *existing = var.clone(),
                     Some(_) => {}
                     None => env.push(var.clone()),
@@ -221,13 +231,6 @@ impl DrainTemplate {
             (env::ORDINALS_START, self.ordinals_start.to_string()),
             (env::POD_NAME, pod_name.to_owned()),
             (env::STATEFULSET_API_VERSION, self.owner_api_version.clone()),
-            (
-                env::COMPLETION_RECORD,
-                drain_api::completion::CompletionRecord::new(
-                    input.claims.values().cloned().collect(),
-                )
-                .render(),
-            ),
         ]
         .into_iter()
         .map(|(name, value)| EnvVar {

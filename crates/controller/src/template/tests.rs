@@ -190,6 +190,14 @@ fn parse_accepts(#[case] text: &str) {
     valid().retention_policy("Retain", "Delete").build(),
     TemplateError::ClaimsDeletedOnScaleDown { set: "web".into() }
 )]
+#[case::reserved_label_on_the_sets_pods(
+    valid().pod_label(labels::DRAIN_POD, "web").build(),
+    TemplateError::ReservedLabelOnSetPods { set: "web".into(), label: labels::DRAIN_POD.into() }
+)]
+#[case::reserved_ordinal_label_on_the_sets_pods(
+    valid().pod_label(labels::ORDINAL, "2").build(),
+    TemplateError::ReservedLabelOnSetPods { set: "web".into(), label: labels::ORDINAL.into() }
+)]
 #[case::no_claim_templates(
     SetBuilder::new("web").drain_template(&drain_template_json(&[])).build(),
     TemplateError::NoClaimTemplates { set: "web".into() }
@@ -449,7 +457,7 @@ fn builds_the_exact_pod() {
     };
 
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
-    let drain_env = |replicas: &str| {
+    let drain_env = |replicas: &str, record: &str| {
         json!([
             env(env::STATEFULSET, "web"),
             env(env::NAMESPACE, "shop"),
@@ -458,13 +466,14 @@ fn builds_the_exact_pod() {
             env(env::ORDINALS_START, "1"),
             env(env::POD_NAME, "web-2"),
             env(env::STATEFULSET_API_VERSION, "apps/v1"),
-            env(
-                env::COMPLETION_RECORD,
-                r#"{"drainCompleted":{"claims":{"data-web-2":"u1","logs-web-2":"u2"}}}"#,
-            ),
+            env(env::COMPLETION_RECORD, record),
         ])
     };
-    let mut drainer_env = drain_env("mine");
+    // Each container's record names the claims it mounts.
+    let mut drainer_env = drain_env(
+        "mine",
+        r#"{"drainCompleted":{"claims":{"data-web-2":"u1","logs-web-2":"u2"}}}"#,
+    );
     let drainer_env_list = drainer_env.as_array_mut().unwrap();
     let replicas_var = drainer_env_list.remove(3);
     drainer_env_list.insert(0, replicas_var);
@@ -498,7 +507,7 @@ fn builds_the_exact_pod() {
                 "name": "prepare",
                 "image": "busybox",
                 "volumeMounts": [{"name": "logs", "mountPath": "/logs"}],
-                "env": drain_env("2"),
+                "env": drain_env("2", r#"{"drainCompleted":{"claims":{"logs-web-2":"u2"}}}"#),
             }],
             "containers": [{
                 "name": "drainer",
@@ -842,10 +851,9 @@ proptest! {
             .into_iter()
             .filter_map(|v| Some((v.name, v.persistent_volume_claim?.claim_name)))
             .collect();
-        // Templates with a claim (or all, when no claims are given) point at it.
+        // Every template's volume is its claim: nothing stands in for one.
         let expected: BTreeMap<String, String> = templates
             .iter()
-            .filter(|t| claims.is_empty() || claims.contains_key(*t))
             .map(|t| (t.clone(), format!("{t}-{set_name}-{ordinal}")))
             .collect();
         prop_assert_eq!(volumes, expected);
@@ -862,7 +870,7 @@ proptest! {
 }
 
 #[test]
-fn a_missing_claim_is_replaced_by_an_empty_dir() {
+fn a_missing_claim_is_not_replaced_by_an_empty_dir() {
     let set = SetBuilder::new("web")
         .claim_template("data")
         .claim_template("logs")
@@ -875,11 +883,77 @@ fn a_missing_claim_is_replaced_by_an_empty_dir() {
         claims: BTreeMap::from([("data".to_owned(), ("data-web-3".to_owned(), "u".to_owned()))]),
     };
     let volumes = drain.pod(&input).spec.unwrap().volumes.unwrap();
-    let data = volumes.iter().find(|v| v.name == "data").unwrap();
-    let logs = volumes.iter().find(|v| v.name == "logs").unwrap();
+    for (template, claim) in [("data", "data-web-3"), ("logs", "logs-web-3")] {
+        let volume = volumes.iter().find(|v| v.name == template).unwrap();
+        assert_eq!(
+            volume.persistent_volume_claim.as_ref().unwrap().claim_name,
+            claim
+        );
+        assert!(volume.empty_dir.is_none());
+    }
+}
+
+#[test]
+fn each_containers_record_names_exactly_the_claims_it_mounts() {
+    let set = SetBuilder::new("web")
+        .claim_template("data")
+        .claim_template("index")
+        .drain_template(&template_with(
+            json!({}),
+            json!({
+                "initContainers": [{"name": "init", "image": "x",
+                    "volumeMounts": [{"name": "index", "mountPath": "/i"}]}],
+                "containers": [
+                    {"name": "data", "image": "x", "volumeMounts": [{"name": "data", "mountPath": "/d"}]},
+                    {"name": "index", "image": "x", "volumeDevices": [{"name": "index", "devicePath": "/dev/i"}],
+                     "env": [{"name": (env::COMPLETION_RECORD), "value": "{}"}]},
+                    {"name": "both", "image": "x", "volumeMounts": [{"name": "data", "mountPath": "/d"},
+                                                      {"name": "index", "mountPath": "/i"}]},
+                    {"name": "proxy", "image": "x"},
+                ],
+            }),
+        ))
+        .build();
+    let pod = validate(&set, &DrainConfig::default())
+        .unwrap()
+        .pod(&DrainPodInput {
+            ordinal: 2,
+            replicas: 2,
+            claims: BTreeMap::from([
+                ("data".into(), ("data-web-2".into(), "u1".into())),
+                ("index".into(), ("index-web-2".into(), "u2".into())),
+            ]),
+        });
+    let spec = pod.spec.unwrap();
+    let record = |c: &k8s_openapi::api::core::v1::Container| {
+        let records: Vec<_> = c
+            .env
+            .iter()
+            .flatten()
+            .filter(|v| v.name == env::COMPLETION_RECORD)
+            .collect();
+        assert_eq!(records.len(), 1, "{}", c.name);
+        let parsed =
+            drain_api::completion::CompletionRecord::parse(records[0].value.as_deref().unwrap())
+                .unwrap();
+        (c.name.clone(), parsed.claims)
+    };
+    let data = ("data-web-2".to_owned(), "u1".to_owned());
+    let index = ("index-web-2".to_owned(), "u2".to_owned());
+    let records: BTreeMap<_, _> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(record)
+        .collect();
     assert_eq!(
-        data.persistent_volume_claim.as_ref().unwrap().claim_name,
-        "data-web-3"
+        records,
+        BTreeMap::from([
+            ("data".to_owned(), BTreeMap::from([data.clone()])),
+            ("index".to_owned(), BTreeMap::from([index.clone()])),
+            ("both".to_owned(), BTreeMap::from([data, index.clone()])),
+            ("proxy".to_owned(), BTreeMap::new()),
+            ("init".to_owned(), BTreeMap::from([index])),
+        ])
     );
-    assert!(logs.persistent_volume_claim.is_none() && logs.empty_dir.is_some());
 }

@@ -190,6 +190,7 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
         ordinals_start: 0,
         reserved: Default::default(),
         also_held: None,
+        claim_templates: vec!["data".to_owned()],
         claims: vec![orphaned_claim(1)],
         pods: Vec::new(),
         previous: BTreeMap::new(),

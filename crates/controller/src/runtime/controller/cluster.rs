@@ -606,7 +606,7 @@ pub(super) fn publish(
             Severity::Warning => EventType::Warning,
         },
         reason: reason.to_owned(),
-        note: Some(note.chars().take(1000).collect()),
+        note: Some(crate::act::fit_note(note)),
         // Part of the recorder's key for folding Events into series (the note is not).
         action: ordinal.map_or_else(|| "Drain".to_owned(), |o| format!("Drain-ordinal-{o}")),
         secondary: None,

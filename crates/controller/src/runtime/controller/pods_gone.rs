@@ -376,6 +376,7 @@ mod tests {
             actions: vec![create(4)],
             status: BTreeMap::from([(4, draining.clone()), (2, draining.clone())]),
             requeue_after: None,
+            quiet: Default::default(),
         };
         let mut snap = plan::Snapshot::default();
         let mut actions = vec![create(4)];
