@@ -743,3 +743,148 @@ async fn the_status_keeps_a_bounded_number_of_done_ordinals() -> Result<()> {
     ensure!(!done.iter().any(|o| *o == "100"), "{done:?}");
     Ok(())
 }
+
+/// A drain that runs on and shows nothing (no progress published, no container started or
+/// stopped) for `--quiet-after` is warned about once (`DrainQuiet`), noted in the status and
+/// counted in `quiet_drains`, and left running with its claim (the landed controller showed
+/// `draining` for ever, with no Warning).
+#[tokio::test]
+async fn a_drain_that_shows_nothing_is_warned_about_and_left_running() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-quiet").await?;
+    let controller = ControllerProcess::start(&ns.name, &["--quiet-after", "5s"]);
+    let set = SetBuilder::new("web").annotation(
+        DRAINER_POD_TEMPLATE,
+        drain_template("sleep 600", &["data"], json!({})),
+    );
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+    scale(&ns, "web", 2).await?;
+    let drain = wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+    let quiet = wait_set_event(&ns, "web", "DrainQuiet").await?;
+    ensure!(
+        quiet
+            .iter()
+            .any(|e| e.contains("published no progress") && e.contains("left running")),
+        "{quiet:?}"
+    );
+    let status = drain_status(&ns, "web").await?.context("a status")?;
+    ensure!(
+        status["ordinals"]["2"]["state"] == "draining"
+            && status["ordinals"]["2"]["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("published no progress")),
+        "{status}"
+    );
+    let metrics = http_get(&format!("{}/metrics", controller.admin_url()))
+        .await?
+        .1;
+    ensure!(
+        sample(
+            &metrics,
+            "statefulset_drain_quiet_drains",
+            &format!(r#"namespace="{}",statefulset="web""#, ns.name)
+        ) == Some(1.0),
+        "{metrics}"
+    );
+    // Told once, and never stopped for it.
+    hold(
+        Duration::from_secs(6),
+        "the quiet drain left running",
+        || async {
+            let pod = ns.api::<Pod>().get("web-2").await?;
+            ensure!(
+                pod.metadata.uid == drain.metadata.uid && pod.metadata.deletion_timestamp.is_none(),
+                "the drain pod was stopped"
+            );
+            assert_claim_unchanged(&ns, "data-web-2", &claim).await
+        },
+    )
+    .await?;
+    ensure!(
+        events(&ns, "DrainQuiet")
+            .await?
+            .iter()
+            .filter(|e| e.starts_with("web: "))
+            .count()
+            == 1,
+        "told more than once"
+    );
+    Ok(())
+}
+
+/// A drain pod and a removed stateful pod that stay terminating (a finalizer keeps them) do not
+/// hold their ordinals in silence: past `--stuck-after` the stateful pod's is a `DrainBlocked`
+/// Warning naming the finalizer, and the drain pod's a stuck attempt (`DrainStuck`, naming it)
+/// that counts, so the attempt limit gives up; the claim stays throughout (the landed
+/// controller showed `waiting` with no Warning, and never gave up).
+#[tokio::test]
+async fn pods_stuck_terminating_are_told_and_counted() -> Result<()> {
+    const HOLD_FINALIZER: &str = "e2e.statefulset-drain.test/hold";
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-stuck-deleting").await?;
+    let _controller = ControllerProcess::start(&ns.name, &["--stuck-after", "5s"]);
+    let set = SetBuilder::new("web")
+        .annotation(
+            DRAINER_POD_TEMPLATE,
+            drain_template("sleep 600", &["data"], json!({})),
+        )
+        .annotation(MAX_ATTEMPTS, "1");
+    start_set(&ns, &set).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let claim = claim_uid(&ns, "data-web-2").await?;
+    let pods = ns.api::<Pod>();
+    let hold_on = json!({"metadata": {"finalizers": [HOLD_FINALIZER]}});
+    let release = json!({"metadata": {"finalizers": null}});
+    pods.patch("web-2", &PatchParams::default(), &Patch::Merge(&hold_on))
+        .await?;
+    let result = async {
+        // The stateful pod, removed by the scale-down, stays terminating.
+        scale(&ns, "web", 2).await?;
+        let blocked = wait_set_event(&ns, "web", "DrainBlocked").await?;
+        ensure!(
+            blocked
+                .iter()
+                .any(|e| e.contains(HOLD_FINALIZER) && e.contains("web-2")),
+            "{blocked:?}"
+        );
+        pods.patch("web-2", &PatchParams::default(), &Patch::Merge(&release))
+            .await?;
+        // Its drain pod, deleted mid-drain, stays terminating too.
+        wait_drain_pod(&ns, "web-2", Some("Running")).await?;
+        pods.patch("web-2", &PatchParams::default(), &Patch::Merge(&hold_on))
+            .await?;
+        pods.delete(
+            "web-2",
+            &DeleteParams {
+                grace_period_seconds: Some(1),
+                ..DeleteParams::default()
+            },
+        )
+        .await?;
+        let stuck = wait_event(&ns, "web-2", "DrainStuck").await?;
+        ensure!(
+            stuck
+                .iter()
+                .any(|e| e.contains(HOLD_FINALIZER) && e.contains("still terminating")),
+            "{stuck:?}"
+        );
+        wait_ordinal_state(&ns, "web", 2, "failed").await?;
+        assert_claim_unchanged(&ns, "data-web-2", &claim).await
+    }
+    .await;
+    let _ = pods
+        .patch("web-2", &PatchParams::default(), &Patch::Merge(&release))
+        .await;
+    result?;
+    // Released, the pod goes; the drain gave up, so the claim stays.
+    wait_pod_gone(&ns, "web-2", T).await?;
+    hold(
+        Duration::from_secs(4),
+        "the claim of a drain that gave up",
+        || assert_claim_unchanged(&ns, "data-web-2", &claim),
+    )
+    .await?;
+    Ok(())
+}

@@ -55,13 +55,16 @@ pub fn version_of(meta: &ObjectMeta) -> u64 {
         .unwrap_or(0)
 }
 
-/// What is kept of a stateful pod: whether it exists (its UID) and whether it is going.
+/// What is kept of a stateful pod: whether it exists (its UID) and whether it is going, and
+/// what keeps it while it goes (its finalizers, kept only then).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodEntry {
     /// The pod's UID.
     pub uid: Box<str>,
     /// Its deletion timestamp, once it is being deleted.
     pub deletion: Option<Time>,
+    /// Its finalizers while it is being deleted.
+    pub finalizers: Option<Box<[String]>>,
 }
 
 /// What is kept of a claim: its UID, whether it is going, and the annotations of ours on it
@@ -95,9 +98,15 @@ impl Compact for PartialObjectMeta<Pod> {
     }
 
     fn entry(&self) -> PodEntry {
+        let deletion = self.metadata.deletion_timestamp.clone();
         PodEntry {
             uid: self.metadata.uid.as_deref().unwrap_or_default().into(),
-            deletion: self.metadata.deletion_timestamp.clone(),
+            finalizers: deletion
+                .as_ref()
+                .and(self.metadata.finalizers.as_ref())
+                .filter(|f| !f.is_empty())
+                .map(|f| f.clone().into_boxed_slice()),
+            deletion,
         }
     }
 }
@@ -132,7 +141,10 @@ fn rebuilt(namespace: &str, name: &str, uid: &str, deletion: Option<&Time>) -> O
 impl PodEntry {
     /// The metadata the observers read, rebuilt for one pod.
     pub fn meta(&self, namespace: &str, name: &str) -> ObjectMeta {
-        rebuilt(namespace, name, &self.uid, self.deletion.as_ref())
+        ObjectMeta {
+            finalizers: self.finalizers.as_deref().map(<[String]>::to_vec),
+            ..rebuilt(namespace, name, &self.uid, self.deletion.as_ref())
+        }
     }
 }
 
