@@ -521,3 +521,82 @@ async fn records_wait_for_a_peer_that_is_not_ready_and_the_claim_stays_meanwhile
     assert_every_record_readable(&ns, &[0, 1], &records).await?;
     Ok(())
 }
+
+/// The example with a second claim template, `index`, which the drain template mounts into
+/// the drainer's container beside `data` (as a user might, to pass the template check): the
+/// drainer drains `/data` only, so it refuses the record that names both claims, before any
+/// data moves; the drain fails and both claims stay with their data. The landed drainer wrote
+/// that record, and the controller deleted `index-datastore-2` undrained.
+#[tokio::test]
+async fn a_drainer_given_a_second_claim_refuses_to_prove_it_and_both_claims_stay() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "drainer-two-claims").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    let edits = [
+        (
+            r#""volumeMounts": [{"name": "data", "mountPath": "/data"}]"#,
+            r#""volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "index", "mountPath": "/index"}]"#,
+        ),
+        (
+            "statefulsets.kubernetes.io/drainer-pod-template: |",
+            "statefulsets.kubernetes.io/drain-max-attempts: \"1\"\n    statefulsets.kubernetes.io/drainer-pod-template: |",
+        ),
+        (
+            "  volumeClaimTemplates:\n",
+            "  volumeClaimTemplates:\n    - metadata:\n        name: index\n      spec:\n        \
+             accessModes: [\"ReadWriteOnce\"]\n        storageClassName: standard\n        \
+             resources:\n          requests:\n            storage: 10Mi\n",
+        ),
+    ];
+    let records = example_with_records(&ns, &edits).await?;
+    // The witness on the second claim: a file only this test wrote.
+    on_claim(
+        &ns,
+        "put-index",
+        "index-datastore-2",
+        "echo 'index of 2' > /data/witness",
+    )
+    .await?;
+    let data = claim_uid(&ns, "data-datastore-2").await?;
+    let index = claim_uid(&ns, "index-datastore-2").await?;
+
+    scale(&ns, DATASTORE, 2).await?;
+    // The example's drain pods restart on failure: a crash loop (`DrainStuck`) or an ended pod
+    // (`DrainFailed`), the event quoting the drainer's error.
+    wait_for(
+        T,
+        "a failure event naming the claim it would prove",
+        || async {
+            for reason in ["DrainStuck", "DrainFailed"] {
+                if events(&ns, reason).await?.iter().any(|e| {
+                    e.contains("index-datastore-2")
+                        && e.contains("drains only claim data-datastore-2")
+                }) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        },
+    )
+    .await?;
+    wait_set_event(&ns, DATASTORE, "DrainGaveUp").await?;
+    assert_claim_unchanged(&ns, "data-datastore-2", &data).await?;
+    assert_claim_unchanged(&ns, "index-datastore-2", &index).await?;
+
+    on_claim(
+        &ns,
+        "check-index",
+        "index-datastore-2",
+        "test \"$(cat /data/witness)\" = 'index of 2'",
+    )
+    .await
+    .context("the second claim kept its data")?;
+
+    // Scaled back up, ordinal 2 serves every record it had, on the same claims.
+    scale(&ns, DATASTORE, 3).await?;
+    wait_stateful_pod_back(&ns, "datastore-2").await?;
+    assert_every_record_readable(&ns, &[0, 1, 2], &records).await?;
+    assert_claim_unchanged(&ns, "data-datastore-2", &data).await?;
+    assert_claim_unchanged(&ns, "index-datastore-2", &index).await?;
+    Ok(())
+}

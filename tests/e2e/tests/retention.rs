@@ -77,6 +77,24 @@ fn policy(pv: &PersistentVolume) -> &str {
         .unwrap_or_default()
 }
 
+/// No label and no annotation of ours left on `pv`.
+fn no_marks(pv: &PersistentVolume) -> bool {
+    let labels = pv.metadata.labels.clone().unwrap_or_default();
+    let notes = pv.metadata.annotations.clone().unwrap_or_default();
+    retained::LABELS.iter().all(|l| !labels.contains_key(*l))
+        && retained::ANNOTATIONS
+            .iter()
+            .all(|a| !notes.contains_key(*a))
+}
+
+fn annotation<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
+    pv.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
 fn label<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
     pv.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -250,7 +268,7 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
     // The controller hands it back: its original policy, no marks.
     wait_for(T, "the restored volume handed back", || async {
         let v = volume(&ns, &pv2).await?.context("restored volume")?;
-        Ok(policy(&v) == "Delete" && label(&v, retained::LABEL).is_none())
+        Ok(policy(&v) == "Delete" && no_marks(&v))
     })
     .await?;
 
@@ -289,6 +307,104 @@ async fn a_drained_claims_volume_outlives_it_can_be_restored_and_is_freed_after_
             .is_ok_and(|o| !o.contains(&pv1) && !o.contains(&pv2)),
         "nothing listed any more: {after:?}"
     );
+    Ok(())
+}
+
+/// A restored claim whose hold a person removes while its ordinal is still out of range is
+/// drained again: its volume, already marked by this controller for the earlier claim, is
+/// marked for the new one and retained for the full time from the new drain. The landed
+/// controller took its own earlier `Retain` for the owner's, left the old marks, and the sweep
+/// freed the volume when the first retention ended.
+#[tokio::test]
+async fn a_restored_claim_drained_again_is_retained_for_the_full_time_again() -> Result<()> {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "retain-again").await?;
+    let _controller = ControllerProcess::start(&ns.name, &[]);
+    start_set(&ns, &retaining_set()).await?;
+    wait_running(&ns, &pod_names("web", 0..3)).await?;
+    let (pv, dir) = volume_of(&ns, "data-web-2").await?;
+    wait_for(T, "web-2 wrote its name on its claim", || async {
+        Ok(owner_on_disk(&dir).is_ok_and(|o| o == "web-2"))
+    })
+    .await?;
+
+    scale(&ns, "web", 2).await?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    let first = volume(&ns, &pv).await?.context("retained")?;
+    let first_until: jiff::Timestamp = annotation(&first, retained::UNTIL)
+        .context("the retention's end")?
+        .parse()?;
+
+    // A while later (so the two retentions end apart), restore the claim (the plugin's steps,
+    // not the scale-up), then release its hold.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let listed = drain_status_plugin(&["--volumes", "-n", &ns.name])?;
+    let steps = restore_steps(&listed, &pv)?;
+    run_restore_step(&steps[0])?;
+    run_restore_step(&steps[1])?;
+    let claims = ns.api::<PersistentVolumeClaim>();
+    let restored = claim_uid(&ns, "data-web-2").await;
+    let unhold = json!({"metadata": {"annotations": {drain_api::claim_annotations::HOLD: null}}});
+    if claims.get_opt("data-web-2").await?.is_some() {
+        claims
+            .patch(
+                "data-web-2",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&unhold),
+            )
+            .await
+            .map(|_| ())
+            .or_else(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => Ok(()),
+                e => Err(e),
+            })?;
+    }
+    let restored = restored?;
+    wait_claim_gone(&ns, "data-web-2", T).await?;
+    // Before the first retention's end, or the sweep would have handed the volume back first.
+    ensure!(
+        jiff::Timestamp::now() < first_until,
+        "drained again before {first_until}"
+    );
+
+    // Drained again: marked for the restored claim, retained from the new drain.
+    let again = volume(&ns, &pv).await?.context("retained again")?;
+    ensure!(
+        policy(&again) == "Retain"
+            && annotation(&again, retained::CLAIM_UID) == Some(restored.as_str())
+            && label(&again, retained::LABEL) == Some("true"),
+        "marked for the restored claim: {:?} {:?}",
+        again.metadata.labels,
+        again.metadata.annotations
+    );
+    let until: jiff::Timestamp = annotation(&again, retained::UNTIL)
+        .context("the new retention's end")?
+        .parse()?;
+    ensure!(
+        until >= first_until + jiff::SignedDuration::from_secs(10),
+        "{until} at least 10 s after {first_until}"
+    );
+    // Past the first retention's end (when the sweep wakes), the volume and its data are kept.
+    let past_first = first_until + jiff::SignedDuration::from_secs(5);
+    let wait = past_first.duration_since(jiff::Timestamp::now());
+    hold(
+        Duration::try_from(wait).unwrap_or_default(),
+        "the volume kept past the first retention",
+        || async {
+            let v = volume(&ns, &pv).await?.context("the volume was freed")?;
+            ensure!(policy(&v) == "Retain", "policy {}", policy(&v));
+            Ok(())
+        },
+    )
+    .await?;
+    ensure!(owner_on_disk(&dir)? == "web-2", "the data on disk");
+    // Freed once the new retention ends.
+    wait_for(
+        Duration::from_secs(150),
+        "the volume freed after the new retention",
+        || async { Ok(volume(&ns, &pv).await?.is_none() && !dir.exists()) },
+    )
+    .await?;
     Ok(())
 }
 
