@@ -1,7 +1,7 @@
 //! The runtime: everything that runs the pipeline rather than decides it. The watches, the
-//! work queue and the per-set reconcile ([`controller`]), the watches' change filters and indexes
-//! ([`watch`], [`meta_cache`]), our recent writes ([`recent`]), the status writer and its memo
-//! ([`status_writer`], [`status_memo`]), leader election ([`leader`]), the admin server and
+//! controller (kube-runtime's) and the per-set reconcile ([`controller`]), the watches' change filters and indexes
+//! ([`watch`], [`meta_cache`]), our recent writes ([`recent`]), the memo of the statuses written
+//! ([`status_memo`]), leader election ([`leader`]), the admin server and
 //! metrics ([`admin`], [`metrics`]), the sweep of retained volumes ([`sweep`]), and the urgent
 //! writes the others wait for ([`urgency`]).
 
@@ -13,7 +13,6 @@ pub mod meta_cache;
 pub mod metrics;
 pub mod recent;
 pub mod status_memo;
-pub mod status_writer;
 pub mod sweep;
 pub mod urgency;
 pub mod watch;

@@ -1,6 +1,6 @@
 //! The wiring: the watches (narrowed by label selectors, metadata-only where the full
 //! object is not needed, slimmed before they are cached), the mappers from pods and claims to
-//! their StatefulSet, the work queue of each kind of set, the reconcile pipeline, the error policy, and the cluster seam's real
+//! their StatefulSet, kube-runtime's controller for each kind of set, the reconcile pipeline, the error policy, and the cluster seam's real
 //! implementation.
 
 use std::sync::{Arc, OnceLock};
@@ -14,10 +14,9 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
 use crate::runtime::metrics::Metrics;
-use crate::runtime::status_writer::StatusWriter;
 use crate::runtime::urgency::Urgency;
 use crate::set_kind::AdvancedStatefulSet;
-use cluster::{Events, status_patcher};
+use events::Events;
 use kinds::tell_kruise;
 use memory::Memory;
 use serve::{Discovery, discover_advanced, serve, serve_advanced};
@@ -32,11 +31,11 @@ mod api;
 mod backoff;
 mod cluster;
 mod context;
+mod events;
+mod expectations;
 mod fill;
 mod kinds;
 mod memory;
-mod pods_gone;
-mod queue;
 mod reconcile;
 mod serve;
 mod snapshot;
@@ -79,7 +78,7 @@ impl Context {
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         secondary: Secondary,
         known: Known,
-        wakes: Wakes,
+        replan: mpsc::UnboundedSender<(String, String)>,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -93,10 +92,6 @@ impl Context {
             urgency,
             ..
         } = shared.clone();
-        let Wakes {
-            replan,
-            pods_changed,
-        } = wakes;
         Self {
             advanced,
             events: Events {
@@ -114,33 +109,18 @@ impl Context {
             interest: known.interest,
             names: known.names,
             advanced_names: known.advanced_names,
-            status: StatusWriter::new(
-                status_patcher(client.clone(), Arc::clone(&metrics)),
-                config.leadership.clone(),
-                Arc::clone(&metrics),
-                (config.flags.retry_base, config.flags.retry_max),
-                Arc::clone(&urgency),
-            ),
+            statuses: Default::default(),
             retained,
             metrics,
             ready,
             replan,
             background: tokio_util::task::TaskTracker::new(),
-            pods_changed,
             config,
             scope,
             client,
             urgency,
         }
     }
-}
-
-/// What wakes a scope's reconciles besides their watches: a write made in the background that
-/// failed (its set is planned again), and the changes of a set and its pods while its reconcile
-/// waits for creates ([`pods_gone`]).
-struct Wakes {
-    replan: mpsc::UnboundedSender<(String, String)>,
-    pods_changed: Arc<pods_gone::PodsChanged>,
 }
 
 /// What a scope knows of its sets beyond its caches: which concern us, and the names of all.
@@ -250,7 +230,6 @@ async fn run_scope(
     );
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
-    let pods_changed: Arc<pods_gone::PodsChanged> = Arc::default();
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let (fills_tx, fills_rx) = mpsc::unbounded_channel();
     let (sets, set_stream) = set_watch::<StatefulSet>(
@@ -263,7 +242,6 @@ async fn run_scope(
             names: Arc::clone(&known.names),
             fills: fills_tx.clone(),
             listed: sets_listed_tx,
-            pods_changed: Arc::clone(&pods_changed),
         },
         flipped(drain_pods_listed_rx.clone()),
     );
@@ -283,18 +261,11 @@ async fn run_scope(
         Arc::clone(&advanced_sets),
         secondary,
         known,
-        Wakes {
-            replan: replan_tx,
-            pods_changed,
-        },
+        replan_tx,
     ));
 
-    let (routes, set_triggers, advanced_triggers) = Routes::new(
-        sets.clone(),
-        advanced_sets,
-        ctx.drain_pod_index.clone(),
-        Arc::clone(&ctx.pods_changed),
-    );
+    let (routes, set_triggers, advanced_triggers) =
+        Routes::new(sets.clone(), advanced_sets, ctx.drain_pod_index.clone());
     let filler = fill::Filler {
         client: client.clone(),
         interest: Arc::clone(&ctx.interest),
@@ -306,7 +277,12 @@ async fn run_scope(
         tokio::spawn(drive_all(routes.clone(), streams)),
         tokio::spawn(forget_gone_sets(Arc::clone(&ctx), gone_rx)),
         tokio::spawn(tell_kruise(
-            Arc::clone(&ctx),
+            (
+                ctx.client.clone(),
+                ctx.config.leadership.clone(),
+                ctx.config.dry_run,
+                Arc::clone(&ctx.metrics),
+            ),
             Arc::clone(&routes.advanced),
             released_rx,
         )),

@@ -4,14 +4,13 @@
 //! A reconcile reads the set (and the previous status, which carries the `done` ordinals) from
 //! the watch cache. Right after a status patch the cache can still hold the set from before it,
 //! and a reconcile that starts then would plan from the older status and write it back, losing
-//! what the patch recorded (seen in CI: an ordinal's `done` entry vanished). The status is also
-//! written in the background ([`crate::runtime::status_writer`]), so the next reconcile may start before
-//! the patch is even sent. So each wanted status is remembered here from the moment it is
-//! handed to the writer (pending: shown to every read), and then the patch's answer (shown to a
-//! cached set older than it). Resource versions are compared as integers, which Kubernetes
-//! guarantees since 1.35 (KEP-5504, comparable resource versions); a version that is not an
-//! integer is never taken as older. This is only a read-your-writes aid: the cluster still holds
-//! every bit of state, and a restarted controller starts with an empty memo.
+//! what the patch recorded (an ordinal's `done` entry vanished). So each wanted status is
+//! remembered here from the moment it is wanted (pending: shown to every read, until written, and
+//! written again after a failure), and then the patch's answer (shown to a cached set older than
+//! it). Resource versions are compared as integers, which Kubernetes guarantees since 1.35
+//! (KEP-5504, comparable resource versions); a version that is not an integer is never taken as
+//! older. This is only a read-your-writes aid: the cluster still holds every bit of state, and a
+//! restarted controller starts with an empty memo.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -133,6 +132,16 @@ impl StatusMemo {
         self.written(seq, patched);
     }
 
+    /// Whether a status wanted on `cached`'s set in term `term` has not been written yet (its
+    /// write failed: it is written again, even if it is what reads show).
+    pub fn pending(&self, cached: &StatefulSet, term: u64) -> bool {
+        let written = self.written.lock().expect("status memo lock");
+        written.get(&key(cached)).is_some_and(|e| {
+            cached.metadata.uid.as_deref() == Some(e.uid.as_str())
+                && e.pending.as_ref().is_some_and(|p| p.term == term)
+        })
+    }
+
     /// The status a read of `cached` in leadership term `term` shows: the one wanted, or the
     /// one written if the cache has not caught up with it, else the cached one.
     pub fn status(&self, cached: &StatefulSet, term: u64) -> Option<String> {
@@ -234,6 +243,23 @@ mod tests {
         fn want_(&self, set: &StatefulSet, status: Option<String>) -> u64 {
             self.want(set, status, 0)
         }
+    }
+
+    #[test]
+    fn a_want_is_pending_until_written_and_only_in_its_term() {
+        let memo = StatusMemo::default();
+        let cached = set("u", "100", None);
+        assert!(!memo.pending(&cached, 1));
+        let seq = memo.want(&cached, Some("wanted".into()), 1);
+        assert!(memo.pending(&cached, 1), "a failed write is written again");
+        assert!(!memo.pending(&cached, 2), "not in another term");
+        assert!(
+            !memo.pending(&set("other", "100", None), 1),
+            "not for a set recreated"
+        );
+        memo.written(seq, &set("u", "101", Some("wanted")));
+        assert!(!memo.pending(&cached, 1));
+        assert_eq!(memo.status(&cached, 1).as_deref(), Some("wanted"));
     }
 
     #[test]

@@ -8,14 +8,14 @@ use kube::ResourceExt;
 use tracing::warn;
 
 use super::context::{Context, Error};
-use super::queue::Requeue;
+use kube::runtime::controller::Action;
 
 use super::memory::Failures;
 use crate::plan;
 use crate::set_kind::ServedSet;
 
 /// Retries a failed reconcile with exponential backoff per set (1 s doubling, at most 5 min).
-pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Requeue {
+pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
     let key = (K::KIND, ns.clone(), name.clone());
     let delay = ctx.memory.update(&key, |m| {
@@ -37,7 +37,7 @@ pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Cont
         })
         .inc();
     warn!(statefulset = %set.name_any(), reason = err.reason(), error = %err, ?delay, "reconcile failed");
-    Requeue::after(delay)
+    Action::requeue(delay)
 }
 
 /// The count and the delay after a reconcile failed at `now`: the backoff (1 s doubling to

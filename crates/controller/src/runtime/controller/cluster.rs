@@ -10,15 +10,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, debug, info, warn};
 
-use super::context::{Context, Recents};
+use super::context::Context;
+use super::events::{Events, publish};
+use super::expectations::{Recents, newest_claim};
 use super::kinds::{Twin, wants};
 use super::memory::{Memory, SetId, Withdrawal, set_id};
-use super::snapshot::newest_claim;
 use super::watches::slim_drain_pod;
 
 use super::api::{gone_or_replaced, ok_if_gone, preconditioned};
@@ -32,8 +32,7 @@ use crate::runtime::leader::{Leadership, Tenure};
 use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recent::{self, Recent};
-use crate::runtime::status_writer::{Patcher, Target};
-use crate::runtime::urgency::{Urgency, Waiting};
+use crate::runtime::urgency::Waiting;
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -580,80 +579,92 @@ impl Record {
     }
 }
 
-/// What Events are published with: the recorder, the urgent writes they wait for, and the
-/// Events on their way (a stop waits for them within its grace).
-#[derive(Clone)]
-pub(super) struct Events {
-    pub(super) recorder: Recorder,
-    pub(super) urgency: Arc<Urgency>,
-    pub(super) sending: tokio_util::task::TaskTracker,
-}
-
-/// Publishes an Event in the background, after the urgent writes in flight ([`Urgency`]):
-/// reporting never delays the drain actions of the reconcile (each Event is one or two API
-/// calls); a failure is only logged.
-pub(super) fn publish(
-    events: &Events,
-    reference: &ObjectReference,
-    severity: Severity,
-    reason: &str,
-    note: String,
-    ordinal: Option<i32>,
-) {
-    let ev = Event {
-        type_: match severity {
-            Severity::Normal => EventType::Normal,
-            Severity::Warning => EventType::Warning,
-        },
-        reason: reason.to_owned(),
-        note: Some(crate::act::fit_note(note)),
-        // Part of the recorder's key for folding Events into series (the note is not).
-        action: ordinal.map_or_else(|| "Drain".to_owned(), |o| format!("Drain-ordinal-{o}")),
-        secondary: None,
+/// Patches the status annotation of a set of `kind` (`None`: removes it), with the set's UID as
+/// a precondition: `Ok(None)` when the set is gone or was replaced, else the set as the API
+/// server returned it.
+async fn patch_status(
+    ctx: &Context,
+    kind: SetKind,
+    set: &StatefulSet,
+    status: Option<String>,
+) -> Result<Option<StatefulSet>, kube::Error> {
+    let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
+    let patch = Patch::Merge(json!({"metadata": {
+        "uid": set.metadata.uid,
+        "annotations": {annotations::STATUS: status},
+    }}));
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
     };
-    let (events, reference) = (events.clone(), reference.clone());
-    events.sending.clone().spawn(async move {
-        let published = (events.urgency)
-            .paced(Waiting::Report, events.recorder.publish(&ev, &reference))
-            .await;
-        if let Err(e) = published {
-            warn!(error = %e, reason = %ev.reason, "failed to publish event");
-        }
-    });
+    let client = ctx.client.clone();
+    let result = match kind {
+        SetKind::StatefulSet => Api::<StatefulSet>::namespaced(client, &ns)
+            .patch(&name, &pp, &patch)
+            .await
+            .map(|s| s.to_statefulset()),
+        SetKind::Advanced => Api::<AdvancedStatefulSet>::namespaced(client, &ns)
+            .patch(&name, &pp, &patch)
+            .await
+            .map(|s| s.to_statefulset()),
+    };
+    ctx.metrics.request("patch", "statefulsets", &result);
+    match result {
+        Ok(patched) => Ok(Some(patched)),
+        Err(e) if gone_or_replaced(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
-/// Patches the status annotation of a set (`None`: removes it), with the set's UID as a
-/// precondition: `Ok(None)` when the set is gone or was replaced.
-pub(super) fn status_patcher(client: Client, metrics: Arc<Metrics>) -> Patcher {
-    Arc::new(move |target: Target, status: Option<String>| {
-        let (client, metrics) = (client.clone(), Arc::clone(&metrics));
-        Box::pin(async move {
-            let patch = Patch::Merge(json!({"metadata": {
-                "uid": target.uid,
-                "annotations": {annotations::STATUS: status},
-            }}));
-            let pp = PatchParams {
-                field_manager: Some(FIELD_MANAGER.to_owned()),
-                ..PatchParams::default()
-            };
-            let result = match target.kind {
-                SetKind::StatefulSet => Api::<StatefulSet>::namespaced(client, &target.namespace)
-                    .patch(&target.name, &pp, &patch)
-                    .await
-                    .map(|s| s.to_statefulset()),
-                SetKind::Advanced => {
-                    Api::<AdvancedStatefulSet>::namespaced(client, &target.namespace)
-                        .patch(&target.name, &pp, &patch)
-                        .await
-                        .map(|s| s.to_statefulset())
-                }
-            };
-            metrics.request("patch", "statefulsets", &result);
-            match result {
-                Ok(patched) => Ok(Some(patched)),
-                Err(e) if gone_or_replaced(&e) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })
-    })
+/// Writes `status` on `set` (read through [`StatusMemo`](crate::runtime::status_memo)) at the
+/// end of its reconcile, unless it shows that already or this replica no longer acts in
+/// `tenure`. The status is a report: a failed write holds no drain back; it is logged, counted,
+/// and shown to the next reconcile, which is due after the returned backoff and writes it again.
+pub(super) async fn write_status(
+    ctx: &Context,
+    kind: SetKind,
+    set: &StatefulSet,
+    status: Option<String>,
+    tenure: Tenure,
+) -> Option<std::time::Duration> {
+    let leadership = &ctx.config.leadership;
+    let term = leadership.term();
+    let memo = &ctx.statuses;
+    if !memo.pending(set, term) && memo.status(set, term) == status {
+        return None;
+    }
+    if leadership.fence() != Some(tenure) {
+        return None;
+    }
+    let id = set_id(kind, set);
+    let seq = memo.want(set, status.clone(), term);
+    match patch_status(ctx, kind, set, status).await {
+        Ok(Some(patched)) => {
+            debug!("status written");
+            memo.written(seq, &patched);
+            ctx.memory.update(&id, |m| m.status_failures = 0);
+            None
+        }
+        Ok(None) => {
+            debug!("set gone or replaced; its status is not written");
+            memo.abandon(&set.namespace().unwrap_or_default(), &set.name_any(), seq);
+            None
+        }
+        Err(e) => {
+            let failures = ctx.memory.update(&id, |m| {
+                m.status_failures = m.status_failures.saturating_add(1);
+                m.status_failures
+            });
+            let flags = &ctx.config.flags;
+            let delay = crate::plan::backoff(failures, flags.retry_base, flags.retry_max);
+            warn!(error = %e, ?delay, "failed to write the drain status; retrying");
+            ctx.metrics
+                .reconcile_errors
+                .get_or_create(&crate::runtime::metrics::ReasonLabels {
+                    reason: "PatchStatusFailed".to_owned(),
+                })
+                .inc();
+            Some(delay)
+        }
+    }
 }

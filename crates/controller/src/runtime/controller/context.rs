@@ -7,17 +7,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::Client;
 use kube::runtime::reflector::Store;
+use kube::{Api, Client};
 
+use super::kinds::Twin;
 use super::memory::Memory;
 
 use crate::act::ActError;
 use crate::runtime::leader::Leadership;
 use crate::runtime::meta_cache::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::metrics::{Metrics, SetLabels};
-use crate::runtime::recent::{self, Recent};
-use crate::runtime::status_writer::StatusWriter;
+use crate::runtime::status_memo::StatusMemo;
 use crate::runtime::watch::Index;
 use crate::set_kind::{self, AdvancedStatefulSet, SetKind};
 use crate::validate::Flags;
@@ -66,6 +66,9 @@ pub enum Error {
     /// A cache stopped (the watch's writer was dropped).
     #[error("the watch caches stopped")]
     CachesStopped,
+    /// The reconcile panicked (a bug), with the panic's message.
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
     /// One or more actions failed (the first is the source).
     #[error("{count} action(s) failed")]
     Act {
@@ -82,6 +85,7 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::CachesStopped => "CachesStopped",
+            Self::Panicked(_) => "Panicked",
             Self::Act { first, .. } => first.reason(),
         }
     }
@@ -94,10 +98,10 @@ pub struct Context {
     pub(super) drain_pods: Store<Pod>,
     pub(super) claims: Cache<ClaimEntry>,
     /// Our writes of drain pods and claims that their watches have not delivered yet.
-    pub(super) recent: Arc<Recents>,
+    pub(super) recent: Arc<super::expectations::Recents>,
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
-    pub(super) events: super::cluster::Events,
+    pub(super) events: super::events::Events,
     /// Urgent writes in flight (drain pod creates, claim deletes), which the others wait for.
     pub(super) urgency: Arc<crate::runtime::urgency::Urgency>,
     pub(super) config: ControllerConfig,
@@ -108,9 +112,9 @@ pub struct Context {
     /// What is remembered per set between reconciles: backoff, unconfirmed creates, pending
     /// withdrawals, names taken by hand, dry-run reports ([`memory`]).
     pub(super) memory: Memory,
-    /// Writes the status in the background, and shows the status last wanted or written per set
-    /// to reads from a cache that has not caught up yet.
-    pub(super) status: StatusWriter,
+    /// The status last wanted or written per set, shown to reads from a cache that has not
+    /// caught up with it yet.
+    pub(super) statuses: StatusMemo,
     /// The metrics.
     pub(super) metrics: Arc<Metrics>,
     /// Whether this scope's watch caches synced.
@@ -130,11 +134,29 @@ pub struct Context {
     pub(super) replan: tokio::sync::mpsc::UnboundedSender<(String, String)>,
     /// The writes made in the background (new drain pods' records): a stop waits for them.
     pub(super) background: tokio_util::task::TaskTracker,
-    /// Wakes a reconcile waiting for creates when a pod of its set changes ([`super::pods_gone`]).
-    pub(super) pods_changed: Arc<super::pods_gone::PodsChanged>,
 }
 
 impl Context {
+    /// The kind of the set of the other kind named like this one, if the watches know one.
+    pub(super) fn twin_cached(&self, kind: SetKind, ns: &str, name: &str) -> Option<SetKind> {
+        let twin = match kind {
+            SetKind::StatefulSet => SetKind::Advanced,
+            SetKind::Advanced => SetKind::StatefulSet,
+        };
+        self.set_exists(Some(twin), ns, name).then_some(twin)
+    }
+
+    /// The live API of the other kind, when it is served.
+    pub(super) fn twin_api(&self, kind: SetKind, ns: &str) -> Option<Twin> {
+        match kind {
+            SetKind::StatefulSet => self
+                .advanced
+                .get()
+                .map(|_| Twin::Advanced(Api::namespaced(self.client.clone(), ns))),
+            SetKind::Advanced => Some(Twin::StatefulSets(Api::namespaced(self.client.clone(), ns))),
+        }
+    }
+
     /// Whether a set of `kind` named `name` is in `ns`, per the names of the sets the watches
     /// keep (`None`: of either kind).
     pub(super) fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
@@ -155,7 +177,7 @@ impl Context {
     pub(super) fn forget_gone_sets(&self) {
         self.memory
             .forget_gone(|(kind, ns, name)| self.set_exists(Some(*kind), ns, name));
-        self.status
+        self.statuses
             .retain(|ns, name| self.set_exists(None, ns, name));
         self.metrics.retain_sets(|s| {
             keep_series(self.scope.as_deref(), s, |ns, name| {
@@ -196,23 +218,6 @@ pub(super) fn keep_series(
     !ours || exists(&s.namespace, &s.statefulset)
 }
 
-/// Our recent writes (see [`crate::runtime::recent`]).
-#[derive(Default)]
-pub(super) struct Recents {
-    /// Drain pods we created.
-    pub(super) pods: Recent<Pod>,
-    /// Claims we annotated (or are annotating: a new drain pod's record).
-    pub(super) claims: Recent<ClaimEntry>,
-    /// Our writes of each claim, one at a time, in order.
-    pub(super) claim_gates: recent::Gates,
-    /// Drain pods we deleted.
-    pub(super) deleted_pods: recent::Deleted,
-    /// Claims we deleted: read as being deleted until the cache shows it (a reconcile that ran
-    /// before the claim's watch event would otherwise see the drained ordinal's claims as they
-    /// were, its drain pod gone, and start a new drain on claims on their way out).
-    pub(super) deleted_claims: recent::Deleted,
-}
-
 /// Whether a set asks for drains.
 pub fn opted_in(set: &StatefulSet) -> bool {
     set_kind::opted_in(&set.metadata)
@@ -222,7 +227,7 @@ pub fn opted_in(set: &StatefulSet) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
     /// No reconcile was left running: the reconciles in progress when the stop began ended
-    /// (the work queue starts none after it), or the sets or the other caches had not synced,
+    /// (the controller starts none after it), or the sets or the other caches had not synced,
     /// so no reconcile had got past its wait for them and none had acted.
     Clean,
     /// The stop's grace ([`ControllerConfig::stop_grace`], 20 s by default: inside

@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::api::gone_or_replaced;
-use super::context::Context;
 
 use crate::identity::FIELD_MANAGER;
+use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::Metrics;
 use crate::set_kind::ServedSet;
 use crate::set_kind::{ADVANCED_API_VERSION, AdvancedStatefulSet, SetKind};
@@ -40,28 +40,6 @@ impl Twin {
         };
         metrics.request("get", "statefulsets", &found);
         found
-    }
-}
-
-impl Context {
-    /// The kind of the set of the other kind named like this one, if the watches know one.
-    pub(super) fn twin_cached(&self, kind: SetKind, ns: &str, name: &str) -> Option<SetKind> {
-        let twin = match kind {
-            SetKind::StatefulSet => SetKind::Advanced,
-            SetKind::Advanced => SetKind::StatefulSet,
-        };
-        self.set_exists(Some(twin), ns, name).then_some(twin)
-    }
-
-    /// The live API of the other kind, when it is served.
-    pub(super) fn twin_api(&self, kind: SetKind, ns: &str) -> Option<Twin> {
-        match kind {
-            SetKind::StatefulSet => self
-                .advanced
-                .get()
-                .map(|_| Twin::Advanced(Api::namespaced(self.client.clone(), ns))),
-            SetKind::Advanced => Some(Twin::StatefulSets(Api::namespaced(self.client.clone(), ns))),
-        }
     }
 }
 
@@ -99,12 +77,12 @@ impl Released {
 /// Kruise creates its pod at once: Kruise reacts to changes of the pods it controls only, and
 /// retries a create that found our pod in the way with a backoff of up to 1,000 s.
 pub(super) async fn tell_kruise(
-    ctx: Arc<Context>,
+    (client, leadership, dry_run, metrics): (Client, Leadership, bool, Arc<Metrics>),
     advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     mut released: mpsc::UnboundedReceiver<Released>,
 ) {
     while let Some(r) = released.recv().await {
-        if !ctx.config.leadership.is_leading() || ctx.config.dry_run {
+        if !leadership.is_leading() || dry_run {
             continue;
         }
         let Some(set) = advanced
@@ -118,7 +96,7 @@ pub(super) async fn tell_kruise(
         {
             continue;
         }
-        let api: Api<AdvancedStatefulSet> = Api::namespaced(ctx.client.clone(), &r.namespace);
+        let api: Api<AdvancedStatefulSet> = Api::namespaced(client.clone(), &r.namespace);
         let value = format!("{} {}", r.pod, Timestamp::now());
         let patch =
             json!({"metadata": {"uid": r.set_uid, "annotations": {annotations::RELEASED: value}}});
@@ -127,7 +105,7 @@ pub(super) async fn tell_kruise(
             ..PatchParams::default()
         };
         let result = api.patch(&r.set, &pp, &Patch::Merge(patch)).await;
-        ctx.metrics.request("patch", "statefulsets", &result);
+        metrics.request("patch", "statefulsets", &result);
         match result {
             Ok(_) => {
                 info!(statefulset = %r.set, namespace = %r.namespace, pod = %r.pod, "drain pod gone; told Kruise the name is free")

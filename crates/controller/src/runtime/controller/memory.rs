@@ -32,6 +32,8 @@ pub(super) struct SetMemory {
     /// Under `--dry-run`: a fingerprint of the Events last published, so an unchanged plan is
     /// not reported again.
     pub(super) dry_run_reported: Option<u64>,
+    /// Failed writes of the status in a row (its retry's backoff).
+    pub(super) status_failures: u32,
 }
 
 impl SetMemory {

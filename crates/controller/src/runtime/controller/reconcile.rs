@@ -12,12 +12,12 @@ use kube::ResourceExt;
 use tracing::Instrument;
 use tracing::{debug, error, info, info_span, warn};
 
-use super::cluster::{KubeCluster, publish};
+use super::cluster::{KubeCluster, write_status};
 use super::context::{Context, Error, opted_in, set_reference};
+use super::events::publish;
 use super::memory::set_id;
-use super::pods_gone::{Replan, act_while_pods_go};
-use super::queue::Requeue;
 use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
+use kube::runtime::controller::Action;
 
 use crate::act::{ActCtx, ActError, EventSpec, Severity};
 use crate::runtime::leader::Tenure;
@@ -43,7 +43,7 @@ pub(super) fn rendered(report: &StatusReport) -> Option<String> {
 pub(super) async fn reconcile<K: ServedSet>(
     obj: Arc<K>,
     ctx: Arc<Context>,
-) -> Result<Requeue, Error> {
+) -> Result<Action, Error> {
     let set = Arc::new(obj.to_statefulset());
     let (name, ns) = (set.name_any(), set.namespace().unwrap_or_default());
     let span =
@@ -54,13 +54,6 @@ pub(super) async fn reconcile<K: ServedSet>(
             Ok(a) => (a.set, a.set_ref, a.range, a.withdrawals_left, a.tenure),
             Err(requeue) => return Ok(requeue),
         };
-        // From before the pod and claim caches are read: what changes while this reconcile
-        // plans is acted on beside its actions in flight (`pods_gone`), not only once it has
-        // ended. After `admit`, which refuses a set whose twin of the other kind holds the
-        // name: a refused twin's listener would take this name's wakes from the reconcile of
-        // the set that holds it.
-        let listening = ctx.pods_changed.listen(&ns, &name);
-
         // validate
         let checked = check(&ctx, &*obj, &set, &set_ref);
         let valid = checked.valid();
@@ -95,39 +88,31 @@ pub(super) async fn reconcile<K: ServedSet>(
                 &act_ctx,
                 &plan,
                 checked.problem.clone(),
+                tenure,
             )
             .await;
         }
-        let replan = Replan {
-            ctx: &ctx,
-            set: &set,
-            set_ref: &set_ref,
-            settings: &checked.settings,
-            reserved: &snap.reserved,
-            also_held: &snap.also_held,
-            tenure,
-        };
-        let carried =
-            act_while_pods_go(&replan, &listening, &cluster, &act_ctx, &plan.actions).await;
-        // Counted and reported with what was acted on meanwhile (pods gone, drains finished):
-        // those ordinals' state and pods as the plan that acted on them saw them.
-        let mut plan = plan;
-        let failed = carried.merge_into(&mut plan, &mut snap);
+        let failed = act::apply(&cluster, &act_ctx, &plan.actions).await;
         if failed.iter().any(|(_, e)| matches!(e, ActError::NotLeader)) {
             // Lost the lease mid-reconcile: the new leader plans afresh and reports.
-            return Ok(Requeue::await_change());
+            return Ok(Action::await_change());
         }
         let acted = sort_failures(&ctx, &set_ref, failed);
         ctx.metrics
             .record_reconcile(&ns, &name, &plan, &snap, &acted.not_carried_out());
 
-        // report: handed to the writer once the actions have answered, and written in the
-        // background (`status_writer`), so that no status write goes out beside a drain pod's
-        // create, and a reconcile (which holds up the next one of its set) lasts only as long
-        // as its actions.
+        // report: once the actions have answered
         let outcome = StatusReport::of(&plan.status, checked.problem.clone(), &acted.errors);
-        ctx.status.submit(K::KIND, &set, rendered(&outcome));
-        settle::<K>(&ctx, &set, &plan, &snap, acted, withdrawals_left)
+        let status_retry = write_status(&ctx, K::KIND, &set, rendered(&outcome), tenure).await;
+        settle::<K>(
+            &ctx,
+            &set,
+            &plan,
+            &snap,
+            acted,
+            withdrawals_left,
+            status_retry,
+        )
     }
     .instrument(span)
     .await
@@ -155,13 +140,13 @@ pub(super) async fn admit<K: ServedSet>(
     ctx: &Context,
     obj: &K,
     set: Arc<StatefulSet>,
-) -> Result<Result<Admitted, Requeue>, Error> {
+) -> Result<Result<Admitted, Action>, Error> {
     let (name, ns) = (set.name_any(), set.namespace().unwrap_or_default());
     if set.metadata.deletion_timestamp.is_some() {
         // Being deleted: drain pods go with the set (garbage collector), claims stay.
         debug!("statefulset is being deleted; leaving it alone");
-        ctx.status.forget(&set);
-        return Ok(Err(Requeue::await_change()));
+        ctx.statuses.forget(&set);
+        return Ok(Err(Action::await_change()));
     }
     let in_flight = !ctx.drain_pod_index.names(&ns, &name).is_empty();
     if !set_kind::concerns_us(&set.metadata, in_flight) {
@@ -169,15 +154,15 @@ pub(super) async fn admit<K: ServedSet>(
         // became the leader (which reconciles every cached set) or by a requeue of a set that
         // has just opted out. Nothing to do until it changes: no metric series, no requeue.
         debug!("not opted in and nothing in flight; nothing to do");
-        return Ok(Err(Requeue::await_change()));
+        return Ok(Err(Action::await_change()));
     }
     let Some(tenure) = ctx.config.leadership.fence() else {
         // A standby: the leader acts; becoming the leader reconciles every set.
         debug!("not the leader; standing by");
-        return Ok(Err(Requeue::await_change()));
+        return Ok(Err(Action::await_change()));
     };
     // Read our own last status write even if the cache has not seen it yet.
-    let set = match ctx.status.overlay(&set) {
+    let set = match ctx.statuses.overlay(&set, ctx.config.leadership.term()) {
         Some(fresher) => Arc::new(fresher),
         None => set,
     };
@@ -187,7 +172,7 @@ pub(super) async fn admit<K: ServedSet>(
         // planned once they are in (`fill` triggers it), not from a partial picture. Looked at
         // again meanwhile, should that trigger find the set not cached yet.
         debug!("pods and claims not cached yet; planned once they are listed");
-        return Ok(Err(Requeue::after(Duration::from_secs(2))));
+        return Ok(Err(Action::requeue(Duration::from_secs(2))));
     }
     // Before anything that may end the reconcile early (a name clash among them).
     let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set), tenure).await;
@@ -210,7 +195,7 @@ pub(super) async fn admit<K: ServedSet>(
             note,
             None,
         );
-        return Ok(Err(Requeue::after(
+        return Ok(Err(Action::requeue(
             Duration::from_secs(30).min(ctx.config.resync),
         )));
     }
@@ -227,7 +212,7 @@ pub(super) async fn admit<K: ServedSet>(
                 format!("{e}; nothing is drained or deleted until this is fixed"),
                 None,
             );
-            return Ok(Err(Requeue::await_change()));
+            return Ok(Err(Action::await_change()));
         }
     };
     Ok(Ok(Admitted {
@@ -381,7 +366,8 @@ pub(super) fn settle<K: ServedSet>(
     snap: &plan::Snapshot,
     acted: Acted,
     withdrawals_left: bool,
-) -> Result<Requeue, Error> {
+    status_retry: Option<Duration>,
+) -> Result<Action, Error> {
     if let Some((_, first)) = acted.failed.into_iter().next() {
         return Err(Error::Act {
             count: acted.errors.len(),
@@ -398,16 +384,12 @@ pub(super) fn settle<K: ServedSet>(
         .inc();
     ctx.forget_if_gone(kind, &ns, &name);
     if !acted.terminating.is_empty() {
-        return Ok(Requeue::await_change());
+        return Ok(Action::await_change());
     }
-    Ok(Requeue::after(next_requeue(
-        ctx,
-        kind,
-        set,
-        plan,
-        snap,
-        withdrawals_left,
-    )))
+    let requeue = next_requeue(ctx, kind, set, plan, snap, withdrawals_left);
+    Ok(Action::requeue(
+        status_retry.map_or(requeue, |r| r.min(requeue)),
+    ))
 }
 
 /// When to plan a set again after a reconcile that acted without failure: at the plan's next
@@ -452,7 +434,8 @@ pub(super) async fn dry_run<K: ServedSet>(
     act_ctx: &ActCtx<'_>,
     plan: &plan::Plan,
     problem: Option<String>,
-) -> Result<Requeue, Error> {
+    tenure: Tenure,
+) -> Result<Action, Error> {
     let events: Vec<EventSpec> = plan
         .actions
         .iter()
@@ -485,10 +468,10 @@ pub(super) async fn dry_run<K: ServedSet>(
     let mut status = StatusReport::of(&plan.status, problem, &BTreeMap::new());
     // Marked only where there is something to report.
     status.dry_run = status != StatusReport::default();
-    ctx.status.submit(K::KIND, set, rendered(&status));
-    Ok(Requeue::after(
-        plan.requeue_after
-            .unwrap_or(ctx.config.resync)
-            .min(ctx.config.resync),
-    ))
+    let retry = write_status(ctx, K::KIND, set, rendered(&status), tenure).await;
+    let requeue = plan
+        .requeue_after
+        .unwrap_or(ctx.config.resync)
+        .min(ctx.config.resync);
+    Ok(Action::requeue(retry.map_or(requeue, |r| r.min(requeue))))
 }

@@ -1,21 +1,22 @@
-//! Serving one kind of set: the work queue ([`queue`]) over its watch and triggers, with the stop's grace
-//! ([`Stopped`]), and OpenKruise's kind served once it is discovered.
+//! Serving one kind of set: kube-runtime's [`Controller`] over its watch and triggers, with the
+//! stop's grace ([`Stopped`]), and OpenKruise's kind served once it is discovered.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Client;
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::backoff::error_policy;
-use super::context::{Context, Stopped};
+use super::context::{Context, Error, Stopped};
 use super::kinds::wait_for_advanced;
-use super::queue;
 use super::reconcile::reconcile;
 use super::watches::{SetWatch, set_watch};
 
@@ -27,6 +28,34 @@ pub(super) fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
     !(sets_listed && caches_synced)
 }
 
+/// One reconcile, a panic in it taken as a failure (logged, retried with backoff) rather than
+/// the end of every set's controller.
+async fn reconcile_caught<K: ServedSet>(set: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = ObjectRef::from_obj(&*set);
+    match AssertUnwindSafe(reconcile::<K>(set, ctx))
+        .catch_unwind()
+        .await
+    {
+        Ok(Ok(action)) => {
+            debug!(set = %key, "reconciled");
+            Ok(action)
+        }
+        Ok(Err(e)) => {
+            debug!(error = %e, "reconcile failed");
+            Err(e)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            error!(set = %key, panic = %what, "a reconcile panicked; the set is retried with backoff");
+            Err(Error::Panicked(what))
+        }
+    }
+}
+
 /// Runs the controller of one kind of set until `shutdown` resolves, then lets the reconciles
 /// in progress finish, for at most the stop's grace (see [`Stopped`]). Returns how it stopped.
 pub(super) async fn serve<K: ServedSet>(
@@ -36,110 +65,67 @@ pub(super) async fn serve<K: ServedSet>(
     triggers: mpsc::UnboundedReceiver<ObjectRef<K>>,
     shutdown: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) -> Stopped {
-    let gained = ctx.config.leadership.gained();
-    let grace = ctx.config.stop_grace;
-    // When the reconciles still running after a stop are dropped: at once if the sets or the
-    // caches had not synced (none can have got past its wait for them), else at the end of the
-    // stop's grace. Whether it was at once.
-    let abandon = {
-        let (sets, ctx, stop) = (sets.clone(), Arc::clone(&ctx), shutdown.clone());
-        async move {
-            stop.await;
-            // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
-            // reconciles are dropped right away, so the queue's waker is not needed any more.
-            let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
-            let at_once = halt_at_once(listed, *ctx.ready.borrow());
-            if !at_once {
-                tokio::time::sleep(grace).await;
-            }
-            at_once
-        }
-    };
+    let kind = K::KIND.label();
     // What asks for a set's reconcile: a change of the set itself (its watch), a trigger (its
     // pods, drain pods and claims), and every cached set when this replica gains leadership.
-    let changed = stream.filter_map(|set| {
+    let changed = stream.filter_map(move |set| {
         std::future::ready(match set {
-            Ok(set) => Some(ObjectRef::from_obj(&set)),
+            Ok(set) => Some(Ok::<_, watcher::Error>(set)),
             // The watch of the sets failed (an RBAC denial, an object that does not parse):
-            // retried with backoff, and said, or the kind would go unserved in silence.
+            // retried with backoff by the watch, and said, or the kind would go unserved in
+            // silence.
             Err(e) => {
-                warn!(kind = K::KIND.label(), error = %e, "watching the sets failed; retrying");
+                warn!(kind, error = %e, "watching the sets failed; retrying");
                 None
             }
         })
     });
-    let every = {
-        let sets = sets.clone();
-        gained.flat_map(move |()| {
-            futures::stream::iter(
-                sets.state()
-                    .iter()
-                    .map(|s| ObjectRef::from_obj(&**s))
-                    .collect::<Vec<_>>(),
-            )
-        })
-    };
-    let requests = futures::stream::select(
-        futures::stream::select(changed, tokio_stream_from(triggers)),
-        every,
-    );
-    let reconciler = {
-        let ctx = Arc::clone(&ctx);
-        move |set: Arc<K>| {
-            let ctx = Arc::clone(&ctx);
-            async move {
-                match reconcile::<K>(Arc::clone(&set), Arc::clone(&ctx)).await {
-                    Ok(requeue) => {
-                        debug!(set = %ObjectRef::from_obj(&*set), "reconciled");
-                        requeue
+    let run = Controller::for_stream(changed, sets.clone())
+        .with_config(controller::Config::default())
+        .reconcile_on(tokio_stream_from(triggers))
+        .reconcile_all_on(ctx.config.leadership.gained())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_caught::<K>, error_policy::<K>, Arc::clone(&ctx))
+        .for_each(|done| {
+            if let Err(e) = done {
+                match e {
+                    // Failures are logged and counted by the error policy.
+                    controller::Error::ReconcilerFailed(..) => {}
+                    controller::Error::ObjectNotFound(set) => {
+                        debug!(%set, "not cached (deleted); not reconciled");
                     }
-                    Err(e) => {
-                        debug!(error = %e, "reconcile failed");
-                        error_policy(set, &e, ctx)
-                    }
+                    e => error!(kind, error = %e, "the controller's queue failed"),
                 }
             }
-        }
-    };
-    let listed_sets = sets.clone();
-    match queue::run(sets, requests, reconciler, shutdown, abandon).await {
-        None => {
-            // Nothing was running at the stop; before the sets and caches synced, nothing had
-            // got past its wait for them either.
-            let listed = matches!(listed_sets.wait_until_ready().now_or_never(), Some(Ok(())));
-            if halt_at_once(listed, *ctx.ready.borrow()) {
-                info!(
-                    kind = K::KIND.label(),
-                    "stopped before the sets and caches had synced; no reconcile had started"
-                );
-            }
-            Stopped::Clean
-        }
-        // Dropped, and ended, before the caches synced: none had got past its wait for them.
-        Some(true) if !*ctx.ready.borrow() => {
-            info!(
-                kind = K::KIND.label(),
-                "stopped before the sets and caches had synced; no reconcile had started"
-            );
-            Stopped::Clean
-        }
-        Some(false) => {
-            warn!(
-                kind = K::KIND.label(),
-                grace = ?grace,
-                "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
-            );
-            Stopped::DroppedReconciles
-        }
-        Some(true) => {
-            // The caches synced while the reconciles were being dropped: one may have acted.
-            warn!(
-                kind = K::KIND.label(),
-                "reconciles dropped at the stop as the caches synced; one may have acted (the next leader resumes them)"
-            );
-            Stopped::DroppedReconciles
-        }
+            std::future::ready(())
+        });
+    tokio::pin!(run);
+    tokio::select! {
+        () = &mut run => return Stopped::Clean,
+        () = shutdown => {}
     }
+    // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
+    // controller is dropped right away, so its own wait is not needed any more.
+    let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
+    if halt_at_once(listed, *ctx.ready.borrow()) {
+        // No reconcile got past its wait for the caches: none acted.
+        info!(
+            kind,
+            "stopped before the sets and caches had synced; no reconcile had started"
+        );
+        return Stopped::Clean;
+    }
+    let grace = ctx.config.stop_grace;
+    if tokio::time::timeout(grace, run).await.is_ok() {
+        return Stopped::Clean;
+    }
+    // Dropping the controller aborts the reconciles it spawned.
+    warn!(
+        kind,
+        ?grace,
+        "reconciles still running at the end of the stop's grace; dropped (the next leader resumes them)"
+    );
+    Stopped::DroppedReconciles
 }
 
 pub(super) fn tokio_stream_from<T: Send + 'static>(
@@ -193,7 +179,6 @@ pub(super) async fn serve_advanced(
             names: Arc::clone(&ctx.advanced_names),
             fills: fills_tx,
             listed: tokio::sync::watch::channel(false).0,
-            pods_changed: Arc::clone(&ctx.pods_changed),
         },
         // Like the built-in sets: judged once the drain pods are known.
         super::watches::flipped(drain_pods_listed),

@@ -2,9 +2,7 @@
 //! writes over them (drain pods created and deleted, claims annotated, that the watches have
 //! not delivered yet), names taken by hand rechecked live, and pending withdrawals retried.
 
-use std::sync::Arc;
-
-use drain_api::{labels, names};
+use drain_api::names;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
@@ -13,64 +11,13 @@ use tracing::{debug, info, warn};
 
 use super::cluster::delete_pod;
 use super::context::Context;
+use super::expectations::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::memory::{SetId, Withdrawal, set_id};
 
 use crate::act::Deleted;
 use crate::runtime::leader::Tenure;
-use crate::runtime::meta_cache::{ClaimEntry, version_of};
 use crate::set_kind::SetKind;
 use crate::{observe, plan};
-
-/// A claim's cached entry, or our last write of it if that is newer than the cached entry and
-/// of the same claim (not one recreated under the name).
-pub(super) fn newest_claim(cached: ClaimEntry, ours: Option<ClaimEntry>) -> ClaimEntry {
-    ours.filter(|o| o.uid == cached.uid).unwrap_or(cached)
-}
-
-/// The cached drain pods of set `set`, with the ones we created (`created`: name, version,
-/// pod) that the watch has not delivered yet: added, or in place of an older cached pod of that
-/// name (a gone one: ours could be created under its name).
-pub(super) fn with_created(
-    mut cached: Vec<Arc<Pod>>,
-    created: Vec<(String, u64, Pod)>,
-    set: &str,
-) -> Vec<Arc<Pod>> {
-    for (name, version, pod) in created {
-        if pod.labels().get(labels::DRAIN_POD).map(String::as_str) != Some(set) {
-            continue;
-        }
-        match cached
-            .iter()
-            .position(|p| p.metadata.name.as_deref() == Some(&name))
-        {
-            Some(i) if version_of(&cached[i].metadata) < version => cached[i] = Arc::new(pod),
-            Some(_) => {}
-            None => cached.push(Arc::new(pod)),
-        }
-    }
-    cached
-}
-
-/// Marks the drain pods we deleted, or failed to withdraw and will delete, as terminating,
-/// whatever the cache still shows of them ([`recent::Deleted`]): only the flag, never a
-/// deletion time.
-pub(super) fn mark_deleted(pods: &mut [plan::PodObs], deleted: impl Fn(&str) -> bool) {
-    for pod in pods {
-        if matches!(pod.kind, plan::PodKind::Drain(_)) && deleted(&pod.uid) {
-            pod.terminating = true;
-        }
-    }
-}
-
-/// Marks the claims we deleted as being deleted, whatever the cache still shows of them
-/// ([`recent::Deleted`]).
-pub(super) fn mark_deleted_claims(claims: &mut [plan::Claim], deleted: impl Fn(&str) -> bool) {
-    for claim in claims {
-        if deleted(&claim.uid) {
-            claim.terminating = true;
-        }
-    }
-}
 
 /// Deletes the drain pods of this set whose withdrawal failed before
 /// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or

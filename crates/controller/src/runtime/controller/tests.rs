@@ -17,9 +17,9 @@ use super::Stopped;
 use super::api::gone_or_replaced;
 use super::backoff::next_failure;
 use super::context::keep_series;
+use super::expectations::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::kinds::Released;
 use super::serve::halt_at_once;
-use super::snapshot::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::watches::{Removals, drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
@@ -685,7 +685,7 @@ fn a_claim_we_deleted_is_read_as_being_deleted_and_no_drain_starts_on_it() {
 
 #[test]
 fn a_stop_waits_for_reconciles_only_once_the_sets_and_caches_have_synced() {
-    // Before both have synced, every reconcile is held by the work queue (sets not listed) or
+    // Before both have synced, every reconcile is held by the controller (sets not listed) or
     // waits in `Context::wait_ready` (caches not synced): none has acted.
     assert!(halt_at_once(false, false));
     assert!(halt_at_once(false, true));

@@ -19,9 +19,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, info};
 
 use super::api::api;
-use super::context::Recents;
+use super::expectations::Recents;
 use super::kinds::Released;
-use super::pods_gone::PodsChanged;
 
 use crate::runtime::interest::{Entered, Interest, SetNames, wants_claim, wants_pod};
 use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, Keep, PodEntry};
@@ -44,7 +43,7 @@ pub(super) struct Caches {
 
 /// Flips `ready` once the built-in StatefulSets have been listed and every secondary cache has
 /// synced. The drain pod store gets exactly one waiter, this task: `Store::wait_until_ready`
-/// wakes only one of several concurrent waiters, and the work queue (`queue::run`) waits on the
+/// wakes only one of several concurrent waiters, and kube-runtime's controller (`serve`) waits on the
 /// StatefulSet store, so the sets' listing is seen through their watch's events instead.
 /// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness. `scope` is the
 /// namespace the caches hold (`None`: all), for the log.
@@ -187,8 +186,6 @@ pub(super) struct Routes {
     /// Drain pods by set: a set that opted out with a drain in flight still hears of its
     /// claims (an approval given while it waits).
     pub(super) in_flight: Index,
-    /// Wakes a reconcile waiting for creates when a pod of its set changes.
-    pub(super) pods_changed: Arc<PodsChanged>,
 }
 
 impl Routes {
@@ -198,7 +195,6 @@ impl Routes {
         sets: Store<StatefulSet>,
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         in_flight: Index,
-        pods_changed: Arc<PodsChanged>,
     ) -> (
         Self,
         mpsc::UnboundedReceiver<ObjectRef<StatefulSet>>,
@@ -212,7 +208,6 @@ impl Routes {
             advanced,
             to_advanced,
             in_flight,
-            pods_changed,
         };
         (routes, set_triggers, advanced_triggers)
     }
@@ -222,9 +217,6 @@ impl Routes {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let owners = pod.metadata.owner_references.iter().flatten();
         for o in owners.filter(|o| o.kind == "StatefulSet" && o.controller == Some(true)) {
-            // Besides the trigger: the set's reconcile in progress, if it waits for creates, acts
-            // on this pod too.
-            self.pods_changed.changed(&ns, &o.name);
             match SetKind::of_api_version(&o.api_version) {
                 Some(SetKind::StatefulSet) => {
                     if let Some(r) = opted_in_ref(&self.sets, &o.name, &ns) {
@@ -269,9 +261,6 @@ impl Routes {
             return;
         };
         debug!(pod = ?pod.metadata.name, statefulset = %set, "drain pod changed: its set triggered");
-        // Besides the trigger: the set's reconcile in progress, if it waits for claim deletes
-        // (or creates), acts on this drain pod too.
-        self.pods_changed.changed(&ns, set);
         if let Some(r) = any_set_ref(&self.sets, set, &ns) {
             let _ = self.to_sets.send(r);
         }
@@ -290,11 +279,6 @@ impl Routes {
             let builtin = claim_ref(&self.sets, &name, set, &ns, draining);
             let advanced =
                 (self.advanced.get()).and_then(|s| claim_ref(s, &name, set, &ns, draining));
-            if builtin.is_some() || advanced.is_some() {
-                // Besides the trigger: the set's reconcile in progress, if it waits for creates
-                // or claim deletes, acts on this claim too (an approval given meanwhile).
-                self.pods_changed.changed(&ns, set);
-            }
             if let Some(r) = builtin {
                 let _ = self.to_sets.send(r);
             }
@@ -514,9 +498,6 @@ pub(super) struct SetWatch {
     pub(super) fills: mpsc::UnboundedSender<SetKey>,
     /// Flipped once the sets are listed.
     pub(super) listed: tokio::sync::watch::Sender<bool>,
-    /// Told of each change of a set that can change a plan (a reconcile waiting for creates
-    /// then plans no more: [`super::pods_gone`]).
-    pub(super) pods_changed: Arc<PodsChanged>,
 }
 
 /// Of the events of one kind of set's watch, those of the sets that concern us (opted in, with
@@ -611,7 +592,6 @@ pub(super) fn set_watch<K: ServedSet>(
         names,
         fills,
         listed,
-        pods_changed,
     } = shared;
     let (sets, writer) = reflector::store();
     let mut concerning = Concerning {
@@ -645,9 +625,6 @@ pub(super) fn set_watch<K: ServedSet>(
             index: None,
         },
     )
-    .inspect_ok(move |s| {
-        pods_changed.set_changed(&s.namespace().unwrap_or_default(), &s.name_any())
-    })
     .try_filter(move |s| {
         let draining = !in_flight
             .names(&s.namespace().unwrap_or_default(), &s.name_any())
