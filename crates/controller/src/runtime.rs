@@ -2,8 +2,8 @@
 //! controller (kube-runtime's) and the per-set reconcile ([`controller`]), the watches' change filters and indexes
 //! ([`watch`], [`meta_cache`]), our recent writes ([`recent`]), the memo of the statuses written
 //! ([`status_memo`]), leader election ([`leader`]), the admin server and
-//! metrics ([`admin`], [`metrics`]), the sweep of retained volumes ([`sweep`]), and the urgent
-//! writes the others wait for ([`urgency`]).
+//! metrics ([`admin`], [`metrics`]), and the sweep of retained volumes
+//! ([`sweep`]).
 
 pub mod admin;
 pub mod controller;
@@ -14,5 +14,4 @@ pub mod metrics;
 pub mod recent;
 pub mod status_memo;
 pub mod sweep;
-pub mod urgency;
 pub mod watch;

@@ -74,10 +74,9 @@ async fn a_denied_status_write_does_not_hold_up_the_drains_and_is_retried() -> R
 }
 
 /// A new drain pod's record on its claim denied (an admission policy refusing every change of
-/// the claim's `drain-pod-uid`): the record is written after the create, outside the reconcile,
-/// so its failure must still be seen. The drain pod runs, the failure is a Warning and a log
-/// line and has the set planned again at once, the set's next reconciles try again (and fail, retried with backoff), and the claim
-/// stays, unrecorded. Once the denial is lifted, the drain pod is recorded (the same pod: it was
+/// the claim's `drain-pod-uid`): the record is written right after the create, and its failure
+/// must be seen. The drain pod runs, the failure is a Warning and a log line, the set's next
+/// reconciles try again (and fail, retried with backoff), and the claim stays, unrecorded. Once the denial is lifted, the drain pod is recorded (the same pod: it was
 /// never replaced) and its drain deletes the claim.
 #[tokio::test]
 async fn a_denied_record_of_a_new_drain_pod_is_warned_retried_and_repaired() -> Result<()> {
@@ -116,20 +115,6 @@ async fn a_denied_record_of_a_new_drain_pod_is_warned_retried_and_repaired() -> 
         },
     )
     .await?;
-    ensure!(
-        count_log_lines(
-            &controller.log,
-            "failed to record the new drain pod on its claims"
-        )? == 1,
-        "the failed record after the create was logged once"
-    );
-    ensure!(
-        count_log_lines(
-            &controller.log,
-            "planning the set again: a write made in the background failed"
-        )? == 1,
-        "the failed record had its set planned again"
-    );
     ensure!(
         count_log_lines(&controller.log, "action failed; retrying with backoff")? >= 1,
         "the set's next reconciles tried to record it again"

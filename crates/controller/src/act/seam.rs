@@ -79,9 +79,6 @@ pub enum Patched {
     /// Gone, or replaced by another object of that name (UID precondition failed): nothing
     /// written.
     Gone,
-    /// Not sent: a write of ours to the claim asked for before it failed, and this one was
-    /// planned from a view that showed that write as made.
-    Stale,
 }
 
 /// What retaining one claim's volume came to.
@@ -129,20 +126,6 @@ pub trait Cluster: Sync {
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> impl Future<Output = Result<Patched, kube::Error>> + Send;
-    /// Writes the record of a drain pod just created (of `ordinal`) to its claims without
-    /// holding up the reconcile, if this seam can: the set's next reconciles read the claims as
-    /// written at once, the patches go out in the background, in order with the claims' later
-    /// writes, and one that fails is reported (Warning Event, log line), stops being read, and
-    /// has the set planned again (which records the pod again). `false`: not done, the caller
-    /// writes it ([`Cluster::annotate_claim`]).
-    fn record_in_background(
-        &self,
-        _ordinal: i32,
-        _claims: &[ClaimRef],
-        _annotations: &BTreeMap<String, Option<String>>,
-    ) -> impl Future<Output = bool> + Send {
-        std::future::ready(false)
-    }
     /// Whether `ordinal` is still outside the set's range, read live from the API server (a
     /// guard against a stale cache, read right after a drain pod's create); `false` if the set is
     /// gone, was replaced or is being deleted.

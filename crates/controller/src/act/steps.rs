@@ -222,7 +222,7 @@ pub(super) async fn clear_record<C: Cluster>(
 }
 
 /// Starts a new series on the claims if the plan says so, creates the drain pod and records its
-/// UID on the claims (in the background where the seam can: [`Cluster::record_in_background`]).
+/// UID on the claims, right after the create.
 ///
 /// The live check that the ordinal is still out of range (a guard against a stale cache) runs
 /// once the create has answered rather than before it: one round trip instead of two between a
@@ -285,13 +285,10 @@ pub(super) async fn create_drain_pod<C: Cluster>(
                 // A new series: written with the pod, after the create, so nothing delays it.
                 record.extend(series_record(*at, hash, true));
             }
-            // Written in the background where the seam can (the set's next reconcile, often
-            // the next pod of a scale-down, does not wait for it). A claim replaced just now
-            // leaves the pod unrecorded: the next reconcile plans from what it finds. The pod
-            // exists either way, so it is reported.
-            if !cluster.record_in_background(ordinal, &refs, &record).await {
-                annotate_all(cluster, &refs, &record).await?;
-            }
+            // Right after the create. A claim replaced just now leaves the pod unrecorded: the
+            // next reconcile plans from what it finds. The pod exists either way, so it is
+            // reported.
+            annotate_all(cluster, &refs, &record).await?;
             Ok(Outcome::Created(uid))
         }
         (Created::Uid(uid), unconfirmed) => {
@@ -343,10 +340,6 @@ pub(super) async fn annotate_all<C: Cluster>(
             Patched::Gone => {
                 info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
                 return Ok(Outcome::ClaimGone(c.name.clone()));
-            }
-            Patched::Stale => {
-                info!(claim = %c.name, "an earlier write of the claim failed; planning the ordinal again");
-                return Ok(Outcome::Stale("an earlier write of the claim failed"));
             }
         }
     }

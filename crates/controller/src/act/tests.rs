@@ -49,10 +49,6 @@ struct Fake {
     lead_for: Option<usize>,
     /// How often the fence was checked.
     fence_checks: std::sync::atomic::AtomicUsize,
-    /// Takes a new drain pod's record to write in the background.
-    background: bool,
-    /// An earlier write of this claim failed: patching it comes to [`Patched::Stale`].
-    stale_claim: Option<&'static str>,
 }
 
 fn err() -> kube::Error {
@@ -88,25 +84,6 @@ impl Fake {
 }
 
 impl Cluster for Fake {
-    async fn record_in_background(
-        &self,
-        ordinal: i32,
-        claims: &[ClaimRef],
-        annotations: &BTreeMap<String, Option<String>>,
-    ) -> bool {
-        if self.background {
-            let names: Vec<String> = claims.iter().map(|c| c.name.clone()).collect();
-            let pairs = annotations
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            self.calls.lock().unwrap().push(Call::Annotate(
-                format!("background {ordinal}: {}", names.join(",")),
-                pairs,
-            ));
-        }
-        self.background
-    }
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
         self.push(Call::Create(pod.metadata.name.clone().unwrap()), "create")?;
         Ok(if self.exists {
@@ -150,8 +127,6 @@ impl Cluster for Fake {
         self.push(Call::Annotate(name.to_owned(), pairs), "annotate")?;
         Ok(if self.gone_claim == Some(name) {
             Patched::Gone
-        } else if self.stale_claim == Some(name) {
-            Patched::Stale
         } else {
             Patched::Done
         })
@@ -359,49 +334,6 @@ async fn create_creates_first_then_records_the_uid_and_the_new_series() {
             Call::Event("DrainPodCreated".to_owned()),
             Call::Event("DrainPodCreated".to_owned()),
         ]
-    );
-}
-
-#[tokio::test]
-async fn a_seam_that_records_in_the_background_is_handed_the_record_instead_of_writing_it() {
-    let fake = Fake {
-        background: true,
-        fail_on: Some("annotate"),
-        ..Fake::default()
-    };
-    ok(run(&fake, &[create(1, true)]).await);
-    let calls = fake.calls();
-    assert_eq!(calls[0], Call::Create("web-2".to_owned()), "{calls:?}");
-    let Call::Annotate(to, record) = &calls[1] else {
-        panic!("{calls:?}")
-    };
-    assert_eq!(to, "background 2: data-web-2");
-    let record: BTreeMap<_, _> = record.iter().cloned().collect();
-    assert_eq!(
-        record[claim_annotations::POD_UID],
-        Some("new-uid".to_owned())
-    );
-    assert_eq!(
-        record[claim_annotations::TEMPLATE_HASH],
-        Some("h1".to_owned())
-    );
-    assert!(
-        !calls[2..].iter().any(|c| matches!(c, Call::Annotate(..))),
-        "written in line too: {calls:?}"
-    );
-    assert!(calls.contains(&Call::Event("DrainPodCreated".to_owned())));
-
-    // A create the live set does not confirm is withdrawn, and its record never handed over.
-    let fake = Fake {
-        background: true,
-        back_in_range: true,
-        ..Fake::default()
-    };
-    ok(run(&fake, &[create(1, true)]).await);
-    assert!(
-        !fake.calls().iter().any(|c| matches!(c, Call::Annotate(..))),
-        "{:?}",
-        fake.calls()
     );
 }
 
@@ -650,22 +582,6 @@ async fn a_pod_that_changed_since_it_was_seen_is_not_cancelled_and_its_record_is
         )],
         "no DrainCancelled event, no record cleared"
     );
-}
-
-#[tokio::test]
-async fn a_write_queued_behind_a_failed_one_stops_the_ordinal_unreported() {
-    let fake = Fake {
-        stale_claim: Some("data-web-2"),
-        ..Fake::default()
-    };
-    let actions = [
-        failure(2, FailureKind::Failed, false, false),
-        delete_pod(2, DeleteWhy::Failed, None),
-    ];
-    ok(run(&fake, &actions).await);
-    let calls = fake.calls();
-    assert_eq!(calls.len(), 1, "nothing after it, no Event: {calls:?}");
-    assert!(matches!(&calls[0], Call::Annotate(n, _) if n == "data-web-2"));
 }
 
 #[tokio::test]

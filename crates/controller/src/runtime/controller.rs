@@ -11,10 +11,9 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, mpsc};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::runtime::metrics::Metrics;
-use crate::runtime::urgency::Urgency;
 use crate::set_kind::AdvancedStatefulSet;
 use events::Events;
 use kinds::tell_kruise;
@@ -64,8 +63,6 @@ struct Shared {
     metrics: Arc<Metrics>,
     retained: Arc<Notify>,
     discovery: Discovery,
-    /// Urgent writes in flight, which the others wait for.
-    urgency: Arc<Urgency>,
 }
 
 impl Context {
@@ -78,7 +75,6 @@ impl Context {
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         secondary: Secondary,
         known: Known,
-        replan: mpsc::UnboundedSender<(String, String)>,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -89,14 +85,12 @@ impl Context {
             config,
             metrics,
             retained,
-            urgency,
             ..
         } = shared.clone();
         Self {
             advanced,
             events: Events {
                 recorder: Recorder::new(client.clone(), reporter),
-                urgency: Arc::clone(&urgency),
                 sending: tokio_util::task::TaskTracker::new(),
             },
             stateful_pods: secondary.stateful_pods,
@@ -113,12 +107,9 @@ impl Context {
             retained,
             metrics,
             ready,
-            replan,
-            background: tokio_util::task::TaskTracker::new(),
             config,
             scope,
             client,
-            urgency,
         }
     }
 }
@@ -160,7 +151,6 @@ pub async fn run(
         metrics: telemetry.metrics,
         retained: Arc::default(),
         config,
-        urgency: Arc::default(),
     };
     let sweep = tokio::spawn(crate::runtime::sweep::sweep(
         shared.client.clone(),
@@ -220,14 +210,8 @@ async fn run_scope(
         drain_pods_listed,
         sets_listed: sets_listed.clone(),
     };
-    let (secondary, streams, released_rx) = Secondary::watch(
-        client,
-        ns,
-        &shared.metrics,
-        &known.interest,
-        &shared.urgency,
-        order,
-    );
+    let (secondary, streams, released_rx) =
+        Secondary::watch(client, ns, &shared.metrics, &known.interest, order);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
@@ -252,7 +236,6 @@ async fn run_scope(
         ready_tx,
     ));
     let advanced_sets: Arc<OnceLock<Store<AdvancedStatefulSet>>> = Arc::default();
-    let (replan_tx, mut replan_rx) = mpsc::unbounded_channel::<(String, String)>();
     let stop_began: Arc<OnceLock<tokio::time::Instant>> = Arc::default();
     let ctx = Arc::new(Context::new(
         &shared,
@@ -261,7 +244,6 @@ async fn run_scope(
         Arc::clone(&advanced_sets),
         secondary,
         known,
-        replan_tx,
     ));
 
     let (routes, set_triggers, advanced_triggers) =
@@ -291,15 +273,6 @@ async fn run_scope(
             filler.run(fills_rx, move |ns, set| routes.set_named(ns, set))
         }),
         tokio::spawn({
-            let routes = routes.clone();
-            async move {
-                while let Some((ns, set)) = replan_rx.recv().await {
-                    info!(namespace = %ns, statefulset = %set, "planning the set again: a write made in the background failed");
-                    routes.set_named(&ns, &set);
-                }
-            }
-        }),
-        tokio::spawn({
             let (began, stop) = (Arc::clone(&stop_began), shutdown.clone());
             async move {
                 stop.await;
@@ -324,23 +297,18 @@ async fn run_scope(
         shutdown,
     );
     let (builtin, advanced) = futures::join!(builtin, advanced);
-    let records = wait_background(&ctx, stop_began.get().copied()).await;
+    let events = wait_events(&ctx, stop_began.get().copied()).await;
     for task in background {
         task.abort();
     }
-    Stopped::merge([builtin, advanced, records])
+    Stopped::merge([builtin, advanced, events])
 }
 
-/// After the controllers stopped: waits for the writes they left in the background (new drain
-/// pods' records, then Events) until the stop's grace, counted from `began`, is over. Writes still on their
-/// way then are reported as dropped reconciles (their requests may land after a new leader
-/// took over: the Lease is left to expire).
-async fn wait_background(ctx: &Context, began: Option<tokio::time::Instant>) -> Stopped {
-    ctx.background.close();
+/// After the controllers stopped: waits for the Events still being sent until the stop's
+/// grace, counted from `began`, is over; those left then are dropped (a report only).
+async fn wait_events(ctx: &Context, began: Option<tokio::time::Instant>) -> Stopped {
     ctx.events.sending.close();
     let until = began.unwrap_or_else(tokio::time::Instant::now) + ctx.config.stop_grace;
-    let waited = tokio::time::timeout_at(until, ctx.background.wait()).await;
-    // The Events held back for a quiet spell go too (nothing urgent is left to hold them).
     if tokio::time::timeout_at(until, ctx.events.sending.wait())
         .await
         .is_err()
@@ -350,16 +318,7 @@ async fn wait_background(ctx: &Context, began: Option<tokio::time::Instant>) -> 
             "Events still being sent at the end of the stop's grace; dropped"
         );
     }
-    match waited {
-        Ok(()) => Stopped::Clean,
-        Err(_) => {
-            warn!(
-                left = ctx.background.len(),
-                "claim records still being written at the end of the stop's grace; dropped (the next leader writes them again)"
-            );
-            Stopped::DroppedReconciles
-        }
-    }
+    Stopped::Clean
 }
 
 #[cfg(test)]

@@ -16,21 +16,13 @@
 //! we created it may be read as Pending for up to [`TTL`] after a relist: that holds back, never
 //! hastens, what the planner does with its ordinal. This is only a read-your-writes aid, like
 //! [`crate::runtime::status_memo`]: a restarted controller starts with none.
-//!
-//! A write may also be kept before it is answered ([`Recent::pending`]): a new drain pod's
-//! record goes to its claims in the background, and the set's next reconciles read it as
-//! written meanwhile. Writes of one claim go out one at a time, in the order they were asked
-//! for ([`Gates`]), so a later write is never overtaken by a record still on its way.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a write is kept at most (the watch normally passes it within milliseconds).
 pub const TTL: Duration = Duration::from_secs(10);
-
-/// The version of a write not answered yet: newer than any the cache can hold.
-const PENDING: u64 = u64::MAX;
 
 struct Kept<T> {
     version: u64,
@@ -39,10 +31,9 @@ struct Kept<T> {
 }
 
 impl<T> Kept<T> {
-    /// Whether it is still read: a write for [`TTL`] after its answer; a pending one until it is
-    /// answered or failed (its writer always says which, or is dropped with the process).
+    /// Whether it is still read: for [`TTL`] after its answer.
     fn live(&self) -> bool {
-        self.version == PENDING || self.at.elapsed() < TTL
+        self.at.elapsed() < TTL
     }
 }
 
@@ -92,20 +83,11 @@ impl<T: Clone> Recent<T> {
     pub fn wrote(&self, namespace: &str, name: &str, resource_version: Option<&str>, value: T) {
         let mut state = self.state.lock().expect("recent writes lock");
         state.kept.retain(|_, k| k.live());
-        let key = (namespace.to_owned(), name.to_owned());
-        // The answer to a pending write takes its place, or, when the watch has passed it
-        // already or its version cannot be kept, drops it.
-        let pending = state.kept.get(&key).is_some_and(|k| k.version == PENDING);
         let Some(version) = version(resource_version) else {
-            if pending {
-                state.kept.remove(&key);
-            }
             return;
         };
-        let newer = pending || state.kept.get(&key).is_none_or(|k| k.version < version);
-        if pending && version <= state.seen {
-            state.kept.remove(&key);
-        }
+        let key = (namespace.to_owned(), name.to_owned());
+        let newer = state.kept.get(&key).is_none_or(|k| k.version < version);
         if version > state.seen && newer {
             state.kept.insert(
                 key,
@@ -115,32 +97,6 @@ impl<T: Clone> Recent<T> {
                     value,
                 },
             );
-        }
-    }
-
-    /// Keeps `value`, what our write of `namespace/name` will make of it, before the API server
-    /// answered: read as newer than any cached version until [`Recent::wrote`] keeps the answer
-    /// or [`Recent::failed`] drops it (however long the write takes: a create held by a slow
-    /// admission webhook still holds its drain slot).
-    pub fn pending(&self, namespace: &str, name: &str, value: T) {
-        let mut state = self.state.lock().expect("recent writes lock");
-        state.kept.retain(|_, k| k.live());
-        state.kept.insert(
-            (namespace.to_owned(), name.to_owned()),
-            Kept {
-                version: PENDING,
-                at: Instant::now(),
-                value,
-            },
-        );
-    }
-
-    /// Our pending write of `namespace/name` did not happen: it is no longer read.
-    pub fn failed(&self, namespace: &str, name: &str) {
-        let mut state = self.state.lock().expect("recent writes lock");
-        let key = (namespace.to_owned(), name.to_owned());
-        if state.kept.get(&key).is_some_and(|k| k.version == PENDING) {
-            state.kept.remove(&key);
         }
     }
 
@@ -167,61 +123,6 @@ impl<T: Clone> Recent<T> {
             .filter(|((ns, _), _)| ns == namespace)
             .map(|((_, name), k)| (name.clone(), k.version, k.value.clone()))
             .collect()
-    }
-}
-
-/// One write at a time per object (by namespace and name), in the order they were asked for
-/// (tokio's mutex is fair): held across a write, so that one asked for later never overtakes
-/// a write still on its way. A failed write leaves a mark on its gate ([`mark_failed`]; the
-/// writes of [`Recent::pending`]): the next write may have been planned from it as made, so it
-/// is not sent ([`follows_failure`], which clears the mark; one planned after the failure is so
-/// refused once, and planned again). The mark outlives the failed write's
-/// guard, for [`TTL`] (as long as the pending write was read), whether or not a write waits.
-#[derive(Default)]
-pub struct Gates {
-    gates: Mutex<HashMap<(String, String), Gate>>,
-}
-
-/// One object's gate: held by the write on its way, waited for by the later ones; marked with
-/// the instant of a failed write, until the next one finds it.
-type Gate = Arc<tokio::sync::Mutex<Option<Instant>>>;
-
-/// A gate held ([`Gates::enter`]).
-pub type Entered = tokio::sync::OwnedMutexGuard<Option<Instant>>;
-
-/// Marks on a held gate that the write made under it failed.
-pub fn mark_failed(gate: &mut Entered) {
-    **gate = Some(Instant::now());
-}
-
-/// Whether a write of ours made under the gate before this one failed within [`TTL`] (this
-/// one was then planned from it as made); clears the mark.
-pub fn follows_failure(gate: &mut Entered) -> bool {
-    gate.take().is_some_and(|at| at.elapsed() < TTL)
-}
-
-/// Whether a mark is still to be found.
-fn marked(at: Option<Instant>) -> bool {
-    at.is_some_and(|at| at.elapsed() < TTL)
-}
-
-impl Gates {
-    /// Waits for the writes of `namespace/name` asked for before, and holds its gate until the
-    /// guard is dropped.
-    pub async fn enter(&self, namespace: &str, name: &str) -> Entered {
-        let gate = {
-            let mut gates = self.gates.lock().expect("gates lock");
-            // A gate no one holds or waits for, and not marked, is done with.
-            gates.retain(|_, g| {
-                Arc::strong_count(g) > 1 || g.try_lock().map_or(true, |at| marked(*at))
-            });
-            Arc::clone(
-                gates
-                    .entry((namespace.to_owned(), name.to_owned()))
-                    .or_default(),
-            )
-        };
-        gate.lock_owned().await
     }
 }
 
@@ -312,114 +213,5 @@ mod tests {
         assert_eq!(r.newer_than("ns", "a", 9), Some("ours"));
         assert_eq!(r.newer_than("ns", "a", 10), None, "the cache caught up");
         assert_eq!(r.newer_than("ns", "a", 0), None, "and it is dropped");
-    }
-
-    #[test]
-    fn a_pending_write_is_read_until_answered_or_failed() {
-        let r = Recent::default();
-        r.saw(Some("50"));
-        r.pending("ns", "a", "pending");
-        assert_eq!(r.newer_than("ns", "a", 49), Some("pending"));
-        r.saw(Some("60"));
-        assert_eq!(
-            r.newer_than("ns", "a", 60),
-            Some("pending"),
-            "no watch event can pass an unanswered write"
-        );
-        r.wrote("ns", "a", Some("61"), "answered");
-        assert_eq!(r.newer_than("ns", "a", 60), Some("answered"));
-        r.saw(Some("61"));
-        assert_eq!(r.newer_than("ns", "a", 61), None, "the watch delivered it");
-
-        r.pending("ns", "d", "pending");
-        r.wrote("ns", "d", Some("55"), "answered after its event");
-        assert_eq!(
-            r.newer_than("ns", "d", 0),
-            None,
-            "an answer the watch passed already drops the pending write"
-        );
-
-        r.pending("ns", "e", "pending");
-        r.wrote("ns", "e", Some("opaque"), "answered");
-        assert_eq!(
-            r.newer_than("ns", "e", 0),
-            None,
-            "an answer whose version cannot be kept drops the pending write too"
-        );
-
-        r.pending("ns", "b", "pending");
-        r.failed("ns", "b");
-        assert_eq!(
-            r.newer_than("ns", "b", 0),
-            None,
-            "a failed write is not read"
-        );
-        r.wrote("ns", "c", Some("70"), "answered");
-        r.failed("ns", "c");
-        assert_eq!(
-            r.newer_than("ns", "c", 0),
-            Some("answered"),
-            "only a pending write is dropped as failed"
-        );
-    }
-
-    #[tokio::test]
-    async fn writes_of_one_object_go_in_the_order_asked_for() {
-        let gates = Arc::new(Gates::default());
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let first = gates.enter("ns", "a").await;
-        let mut waiting = Vec::new();
-        for i in 0..3 {
-            let (gates, order) = (Arc::clone(&gates), Arc::clone(&order));
-            waiting.push(tokio::spawn(async move {
-                let _g = gates.enter("ns", "a").await;
-                order.lock().unwrap().push(i);
-            }));
-            // Each asks in turn.
-            tokio::task::yield_now().await;
-        }
-        let other = gates.enter("ns", "b").await;
-        drop(other);
-        assert!(order.lock().unwrap().is_empty(), "all wait for the first");
-        drop(first);
-        for w in waiting {
-            w.await.unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
-        let _again = gates.enter("ns", "c").await;
-        assert_eq!(
-            gates.gates.lock().unwrap().len(),
-            1,
-            "idle gates are dropped"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_write_after_a_failed_one_finds_the_flag_once() {
-        let gates = Gates::default();
-        let mut failed = gates.enter("ns", "a").await;
-        mark_failed(&mut failed);
-        let gates = Arc::new(gates);
-        let next = {
-            let gates = Arc::clone(&gates);
-            tokio::spawn(async move {
-                let mut g = gates.enter("ns", "a").await;
-                follows_failure(&mut g)
-            })
-        };
-        tokio::task::yield_now().await;
-        drop(failed);
-        assert!(next.await.unwrap(), "the write queued behind it is told");
-        assert!(
-            !follows_failure(&mut gates.enter("ns", "a").await),
-            "and only that one"
-        );
-
-        // No write waits when it fails: the mark is kept for the next one all the same.
-        let mut failed = gates.enter("ns", "b").await;
-        mark_failed(&mut failed);
-        drop(failed);
-        let _other = gates.enter("ns", "c").await;
-        assert!(follows_failure(&mut gates.enter("ns", "b").await));
     }
 }

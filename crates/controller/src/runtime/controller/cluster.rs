@@ -3,7 +3,6 @@
 //! and the status annotation's patch.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use drain_api::{annotations, labels};
 use jiff::Timestamp;
@@ -12,27 +11,23 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVo
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, warn};
 
 use super::context::Context;
 use super::events::{Events, publish};
-use super::expectations::{Recents, newest_claim};
+use super::expectations::Recents;
 use super::kinds::{Twin, wants};
 use super::memory::{Memory, SetId, Withdrawal, set_id};
 use super::watches::slim_drain_pod;
 
 use super::api::{gone_or_replaced, ok_if_gone, preconditioned};
-use crate::act::{
-    ActError, Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject,
-};
+use crate::act::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Subject};
 use crate::identity::FIELD_MANAGER;
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
 use crate::runtime::leader::{Leadership, Tenure};
 use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
-use crate::runtime::recent::{self, Recent};
-use crate::runtime::urgency::Waiting;
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -64,8 +59,6 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) retained: &'a tokio::sync::Notify,
     /// This set's key in all three.
     pub(super) id: SetId,
-    /// The context, for the claim records written in the background.
-    pub(super) ctx: Arc<Context>,
     /// The tenure of the Lease its reconcile was admitted in ([`Leadership::fence`]): it acts
     /// only while this replica holds the Lease in it, and its withdrawals are kept for it.
     pub(super) tenure: Tenure,
@@ -74,7 +67,7 @@ pub(super) struct KubeCluster<'a, K> {
 impl<'a, K: ServedSet> KubeCluster<'a, K> {
     /// The seam for one reconcile of `set`, in its namespace.
     pub(super) fn new(
-        ctx: &'a Arc<Context>,
+        ctx: &'a Context,
         set: &StatefulSet,
         set_ref: ObjectReference,
         tenure: Tenure,
@@ -95,7 +88,6 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             volumes: Api::all(ctx.client.clone()),
             retained: &ctx.retained,
             id: set_id(K::KIND, set),
-            ctx: Arc::clone(ctx),
             tenure,
         }
     }
@@ -218,12 +210,6 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        // While in flight, shown as a Pending drain pod of ours to a plan made meanwhile by this
-        // reconcile (`pods_gone`): its slot is taken. Dropped when the create fails, or is
-        // dropped itself; replaced by the answer.
-        let ns = self.set.namespace.clone().unwrap_or_default();
-        let _in_flight = InFlight::new(&self.recent.pods, &ns, pod);
-        let _urgent = self.ctx.urgency.urgent();
         let sent = std::time::Instant::now();
         let result = self.pods.create(&pp, pod).await;
         debug!(pod = ?pod.metadata.name, took = ?sent.elapsed(), "drain pod create answered");
@@ -322,12 +308,6 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 
     async fn delete_claim(&self, name: &str, uid: &str) -> Result<(), kube::Error> {
-        let ns = self.set.namespace.as_deref().unwrap_or_default();
-        // A record this delete waits for, held back by a scale-down's removals, goes now.
-        let waits = self.ctx.urgency.claim_waits();
-        let _in_order = self.recent.claim_gates.enter(ns, name).await;
-        drop(waits);
-        let _urgent = self.ctx.urgency.urgent();
         let sent = std::time::Instant::now();
         let result = self.claims.delete(name, &preconditioned(uid, None)).await;
         debug!(claim = %name, took = ?sent.elapsed(), "claim delete answered");
@@ -347,12 +327,6 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<Patched, kube::Error> {
-        let ns = self.set.namespace.as_deref().unwrap_or_default();
-        let mut gate = self.recent.claim_gates.enter(ns, name).await;
-        if recent::follows_failure(&mut gate) {
-            // Planned while the failed write was read as made: planned again instead.
-            return Ok(Patched::Stale);
-        }
         patch_claim(
             &self.claims,
             self.metrics,
@@ -362,46 +336,6 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             annotations,
         )
         .await
-    }
-
-    async fn record_in_background(
-        &self,
-        ordinal: i32,
-        claims: &[ClaimRef],
-        annotations: &BTreeMap<String, Option<String>>,
-    ) -> bool {
-        let ns = self.set.namespace.clone().unwrap_or_default();
-        // Each claim's gate, in name order (no two holders of several can wait on each other),
-        // is taken before the reconcile goes on, so its later writes queue behind this one.
-        let mut by_name: Vec<&ClaimRef> = claims.iter().collect();
-        by_name.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut gates = BTreeMap::new();
-        for c in by_name {
-            let gate = self.recent.claim_gates.enter(&ns, &c.name).await;
-            gates.insert(c.name.clone(), gate);
-            if let Some((cached, version)) = self.ctx.claims.get_versioned(&ns, &c.name) {
-                let ours = self.recent.claims.newer_than(&ns, &c.name, version);
-                let entry = newest_claim(cached, ours);
-                if *entry.uid == *c.uid {
-                    let written = entry.with(annotations);
-                    self.recent.claims.pending(&ns, &c.name, written);
-                }
-            }
-        }
-        let record = Record {
-            ctx: Arc::clone(&self.ctx),
-            claims_api: self.claims.clone(),
-            set: self.set.clone(),
-            ordinal,
-            claims: claims.to_vec(),
-            annotations: annotations.clone(),
-            tenure: self.tenure,
-        };
-        // Tracked: a stop waits for it, within its grace (`run_scope`).
-        self.ctx
-            .background
-            .spawn(record.write(gates).in_current_span());
-        true
     }
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
@@ -440,31 +374,6 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 }
 
-/// A drain pod's create in flight, kept in `recent` as a pending write until it is answered
-/// ([`Recent::wrote`] takes its place) or fails (dropped with this guard).
-struct InFlight<'a> {
-    pods: &'a Recent<Pod>,
-    ns: &'a str,
-    name: String,
-}
-
-impl<'a> InFlight<'a> {
-    fn new(pods: &'a Recent<Pod>, ns: &'a str, pod: &Pod) -> Self {
-        let name = pod.name_any();
-        let mut pending = pod.clone();
-        pending.metadata.namespace = Some(ns.to_owned());
-        pods.pending(ns, &name, pending);
-        Self { pods, ns, name }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        // Only a pending write goes: an answer kept meanwhile stays.
-        self.pods.failed(self.ns, &self.name);
-    }
-}
-
 /// Patches annotations of the claim `name` if it still has this UID (a precondition: a claim
 /// recreated under the name is left alone), and keeps the answer in `recent`.
 async fn patch_claim(
@@ -495,87 +404,6 @@ async fn patch_claim(
         }
         Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
         Err(e) => Err(e),
-    }
-}
-
-/// A new drain pod's record, on its way to its claims ([`Cluster::record_in_background`]).
-struct Record {
-    ctx: Arc<Context>,
-    claims_api: Api<PersistentVolumeClaim>,
-    set: ObjectReference,
-    ordinal: i32,
-    claims: Vec<ClaimRef>,
-    annotations: BTreeMap<String, Option<String>>,
-    /// The tenure of the Lease it was planned in: written only while it lasts.
-    tenure: Tenure,
-}
-
-impl Record {
-    /// Writes the record to each claim in turn, only while the tenure it was planned in lasts,
-    /// holding the claims' `gates`, and stops at the first claim that is gone or was replaced,
-    /// or at the first failure: the claims not written are no longer read as written, the
-    /// writes queued behind them are not sent ([`Patched::Stale`]: they were planned from the
-    /// record as written), and the set is planned again (a failure is a Warning Event and a log
-    /// line first). The planner then sees the drain pod unrecorded and records it again.
-    async fn write(self, mut gates: BTreeMap<String, recent::Entered>) {
-        let ns = self.set.namespace.clone().unwrap_or_default();
-        let set_name = self.set.name.clone().unwrap_or_default();
-        let ctx = &self.ctx;
-        // After the urgent writes in flight (the next pods' creates of a scale-down), a few
-        // records at a time: the reconciles read this record as written meanwhile.
-        ctx.urgency.paced(Waiting::Record, async {
-            for (i, c) in self.claims.iter().enumerate() {
-                let stop = if ctx.config.leadership.fence() == Some(self.tenure) {
-                    let patched = patch_claim(
-                        &self.claims_api,
-                        &ctx.metrics,
-                        &ctx.recent,
-                        &c.name,
-                        &c.uid,
-                        &self.annotations,
-                    )
-                    .await;
-                    match patched {
-                        // (`Stale` is the gate's answer, never a patch's.)
-                        Ok(Patched::Done | Patched::Stale) => continue,
-                        Ok(Patched::Gone) => {
-                            info!(claim = %c.name, "claim gone or replaced since it was observed; planning the ordinal again");
-                            true
-                        }
-                        Err(source) => {
-                            let e = ActError::AnnotateClaim {
-                                name: c.name.clone(),
-                                source,
-                            };
-                            warn!(ordinal = self.ordinal, error = %e.describe(), "failed to record the new drain pod on its claims; the set's next reconcile records it again");
-                            publish(
-                                &ctx.events,
-                                &self.set,
-                                Severity::Warning,
-                                e.reason(),
-                                e.describe(),
-                                Some(self.ordinal),
-                            );
-                            true
-                        }
-                    }
-                } else {
-                    info!(claim = %c.name, "no longer the leader: the drain pod's record is left to the leader");
-                    true
-                };
-                if stop {
-                    for c in &self.claims[i..] {
-                        ctx.recent.claims.failed(&ns, &c.name);
-                        if let Some(gate) = gates.get_mut(&c.name) {
-                            recent::mark_failed(gate);
-                        }
-                    }
-                    let _ = ctx.replan.send((ns, set_name));
-                    return;
-                }
-            }
-        })
-        .await;
     }
 }
 

@@ -102,8 +102,6 @@ pub struct Context {
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
     pub(super) events: super::events::Events,
-    /// Urgent writes in flight (drain pod creates, claim deletes), which the others wait for.
-    pub(super) urgency: Arc<crate::runtime::urgency::Urgency>,
     pub(super) config: ControllerConfig,
     /// The namespace this context's scope watches (`None`: all namespaces). The caches hold
     /// this namespace only; what is shared with the other scopes (the metrics) is touched for
@@ -129,11 +127,6 @@ pub struct Context {
     pub(super) advanced_names: Arc<crate::runtime::interest::SetNames>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-    /// Has the sets of either kind with this name (namespace, name) planned again: sent when
-    /// a write made in the background failed.
-    pub(super) replan: tokio::sync::mpsc::UnboundedSender<(String, String)>,
-    /// The writes made in the background (new drain pods' records): a stop waits for them.
-    pub(super) background: tokio_util::task::TaskTracker,
 }
 
 impl Context {

@@ -1,27 +1,22 @@
-//! Events on the sets: published in the background, after the urgent writes in flight, so
-//! reporting never delays a drain's actions; a failure is only logged.
-
-use std::sync::Arc;
+//! Events on the sets: published in the background, so reporting never delays a drain's
+//! actions; a failure is only logged.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
 use crate::act::Severity;
-use crate::runtime::urgency::{Urgency, Waiting};
 
-/// What Events are published with: the recorder, the urgent writes they wait for, and the
-/// Events on their way (a stop waits for them within its grace).
+/// What Events are published with: the recorder, and the Events on their way (a stop waits for
+/// them within its grace).
 #[derive(Clone)]
 pub(super) struct Events {
     pub(super) recorder: Recorder,
-    pub(super) urgency: Arc<Urgency>,
     pub(super) sending: tokio_util::task::TaskTracker,
 }
 
-/// Publishes an Event in the background, after the urgent writes in flight ([`Urgency`]):
-/// reporting never delays the drain actions of the reconcile (each Event is one or two API
-/// calls); a failure is only logged.
+/// Publishes an Event in the background: reporting never delays the drain actions of the
+/// reconcile (each Event is one or two API calls); a failure is only logged.
 pub(super) fn publish(
     events: &Events,
     reference: &ObjectReference,
@@ -43,10 +38,7 @@ pub(super) fn publish(
     };
     let (events, reference) = (events.clone(), reference.clone());
     events.sending.clone().spawn(async move {
-        let published = (events.urgency)
-            .paced(Waiting::Report, events.recorder.publish(&ev, &reference))
-            .await;
-        if let Err(e) = published {
+        if let Err(e) = events.recorder.publish(&ev, &reference).await {
             warn!(error = %e, reason = %ev.reason, "failed to publish event");
         }
     });

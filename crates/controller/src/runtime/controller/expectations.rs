@@ -17,10 +17,8 @@ use crate::runtime::recent::{self, Recent};
 pub(super) struct Recents {
     /// Drain pods we created.
     pub(super) pods: Recent<Pod>,
-    /// Claims we annotated (or are annotating: a new drain pod's record).
+    /// Claims we annotated.
     pub(super) claims: Recent<ClaimEntry>,
-    /// Our writes of each claim, one at a time, in order.
-    pub(super) claim_gates: recent::Gates,
     /// Drain pods we deleted.
     pub(super) deleted_pods: recent::Deleted,
     /// Claims we deleted: read as being deleted until the cache shows it (a reconcile that ran

@@ -20,7 +20,7 @@ use super::context::keep_series;
 use super::expectations::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::kinds::Released;
 use super::serve::halt_at_once;
-use super::watches::{Removals, drain_pod_fingerprint, ready_when_all, set_fingerprint};
+use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::{recent, watch};
@@ -218,41 +218,6 @@ fn stateful_pod() -> PartialObjectMeta<Pod> {
         ..ObjectMeta::default()
     }
     .into_response_partial()
-}
-
-#[test]
-fn only_the_pods_of_sets_that_concern_us_being_deleted_hold_writes_back() {
-    use crate::runtime::interest::Interest;
-    use crate::runtime::urgency::Urgency;
-    use crate::set_kind::SetKind;
-    use kube::runtime::watcher::Event;
-    let interest = Arc::new(Interest::default());
-    let _ = interest.enter(SetKind::StatefulSet, "ns", "web");
-    let urgency = Arc::new(Urgency::default());
-    let removals = Removals::new(Arc::clone(&urgency), interest);
-    let pod = |name: &str, uid: &str, deleting: bool| {
-        let mut p = stateful_pod();
-        p.metadata.name = Some(name.to_owned());
-        p.metadata.namespace = Some("ns".to_owned());
-        p.metadata.uid = Some(uid.to_owned());
-        if deleting {
-            p.metadata.deletion_timestamp = deleted_at();
-        }
-        p
-    };
-    removals.on(&Event::Apply(pod("other-1", "o1", true)));
-    assert!(!urgency.removals(), "a set that is not ours");
-    removals.on(&Event::Apply(pod("web-1", "w1", false)));
-    assert!(!urgency.removals(), "not being deleted");
-    removals.on(&Event::Apply(pod("web-1", "w1", true)));
-    assert!(urgency.removals(), "ours, being deleted");
-    removals.on(&Event::Delete(pod("web-1", "w1", true)));
-    assert!(!urgency.removals(), "gone");
-    // Seen being deleted in a relist; any later event of that UID without a deletion ends it.
-    removals.on(&Event::InitApply(pod("web-2", "w2", true)));
-    assert!(urgency.removals());
-    removals.on(&Event::Apply(pod("web-2", "w2", false)));
-    assert!(!urgency.removals());
 }
 
 #[test]

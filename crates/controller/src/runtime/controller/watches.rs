@@ -25,7 +25,6 @@ use super::kinds::Released;
 use crate::runtime::interest::{Entered, Interest, SetNames, wants_claim, wants_pod};
 use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, Keep, PodEntry};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::urgency::Urgency;
 use crate::runtime::watch;
 use crate::runtime::watch::{Filter, Index, SetKey};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
@@ -357,7 +356,6 @@ impl Secondary {
         ns: Option<&str>,
         metrics: &Arc<Metrics>,
         interest: &Arc<Interest>,
-        urgency: &Arc<Urgency>,
         order: Order,
     ) -> (Self, Streams, mpsc::UnboundedReceiver<Released>) {
         let (drain_pod_index, claim_index) = (Index::default(), Index::default());
@@ -401,13 +399,7 @@ impl Secondary {
         let streams = (
             after(
                 caches_start(),
-                stateful_pod_watch(
-                    client,
-                    ns,
-                    &stateful_pods,
-                    Arc::clone(metrics),
-                    Removals::new(Arc::clone(urgency), Arc::clone(interest)),
-                ),
+                stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)),
             )
             .boxed(),
             drain_pod_watch(
@@ -686,55 +678,13 @@ pub(super) fn drain_pod_watch(
     })
 }
 
-/// Tells [`Urgency`] of the stateful pods of the sets that concern us being removed.
-pub(super) struct Removals {
-    urgency: Arc<Urgency>,
-    interest: Arc<Interest>,
-}
-
-impl Removals {
-    /// Tells `urgency` of the removals of the pods of the sets in `interest`.
-    pub(super) fn new(urgency: Arc<Urgency>, interest: Arc<Interest>) -> Self {
-        Self { urgency, interest }
-    }
-
-    /// A stateful pod's event: being deleted (and ours), or gone, or back to not being deleted.
-    pub(super) fn on(&self, event: &watcher::Event<PartialObjectMeta<Pod>>) {
-        match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                let Some(uid) = pod.metadata.uid.as_deref() else {
-                    return;
-                };
-                if pod.metadata.deletion_timestamp.is_none() {
-                    self.urgency.removed(uid);
-                    return;
-                }
-                let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-                let owners = (pod.metadata.owner_references.iter().flatten())
-                    .filter(|o| o.controller == Some(true))
-                    .map(|o| o.name.as_str());
-                if wants_pod(&self.interest, ns, &pod.name_any(), owners) {
-                    self.urgency.removing(uid);
-                }
-            }
-            watcher::Event::Delete(pod) => {
-                if let Some(uid) = pod.metadata.uid.as_deref() {
-                    self.urgency.removed(uid);
-                }
-            }
-            watcher::Event::Init | watcher::Event::InitDone => {}
-        }
-    }
-}
-
 /// The watch of stateful pods (label `STATEFUL_POD_NAME`), metadata only, into `cache`; each
-/// deletion is told to the reaction-time histogram, and each pod being removed to [`Urgency`].
+/// deletion is told to the reaction-time histogram.
 pub(super) fn stateful_pod_watch(
     client: &Client,
     ns: Option<&str>,
     cache: &Cache<PodEntry>,
     metrics: Arc<Metrics>,
-    removals: Removals,
 ) -> impl Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + use<> {
     let events = watcher(
         api::<PartialObjectMeta<Pod>>(client, ns),
@@ -742,7 +692,6 @@ pub(super) fn stateful_pod_watch(
     )
     .default_backoff()
     .inspect_ok(move |event| {
-        removals.on(event);
         if let watcher::Event::Delete(pod) = event {
             metrics.pod_gone(&pod.namespace().unwrap_or_default(), &pod.name_any());
         }
