@@ -20,11 +20,10 @@ use kinds::tell_kruise;
 use memory::Memory;
 use serve::{Discovery, discover_advanced, serve, serve_advanced};
 use watches::{
-    Order, Routes, Secondary, SetWatch, drive_all, flipped, gate_readiness, ready_when_all,
-    set_watch,
+    Routes, Secondary, SetWatch, drive_all, flipped, gate_readiness, ready_when_all, set_watch,
 };
 
-use crate::runtime::interest::{Interest, SetNames};
+use crate::runtime::set_names::SetNames;
 
 mod api;
 mod backoff;
@@ -32,7 +31,6 @@ mod cluster;
 mod context;
 mod events;
 mod expectations;
-mod fill;
 mod kinds;
 mod memory;
 mod reconcile;
@@ -100,7 +98,6 @@ impl Context {
             drain_pod_index: secondary.drain_pod_index,
             claim_index: secondary.claim_index,
             memory: Memory::default(),
-            interest: known.interest,
             names: known.names,
             advanced_names: known.advanced_names,
             statuses: Default::default(),
@@ -114,9 +111,8 @@ impl Context {
     }
 }
 
-/// What a scope knows of its sets beyond its caches: which concern us, and the names of all.
+/// What a scope knows of its sets beyond its caches: the names of all.
 struct Known {
-    interest: Arc<Interest>,
     names: Arc<SetNames>,
     advanced_names: Arc<SetNames>,
 }
@@ -198,33 +194,25 @@ async fn run_scope(
     let ns = scope.as_deref();
     let client = &shared.client;
     let known = Known {
-        interest: Arc::default(),
         names: Arc::default(),
         advanced_names: Arc::default(),
     };
-    // The drain pods are listed first, then the sets, then the stateful pods and claims
-    // (`Order`): only the pods and claims of the sets that concern us are kept.
+    // The sets are listed once the drain pods are: whether a set has drains in flight decides
+    // whether its cache keeps it.
     let (drain_pods_listed, drain_pods_listed_rx) = tokio::sync::watch::channel(false);
     let (sets_listed_tx, sets_listed) = tokio::sync::watch::channel(false);
-    let order = Order {
-        drain_pods_listed,
-        sets_listed: sets_listed.clone(),
-    };
     let (secondary, streams, released_rx) =
-        Secondary::watch(client, ns, &shared.metrics, &known.interest, order);
+        Secondary::watch(client, ns, &shared.metrics, drain_pods_listed);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
-    let (fills_tx, fills_rx) = mpsc::unbounded_channel();
     let (sets, set_stream) = set_watch::<StatefulSet>(
         client,
         ns,
         SetWatch {
             in_flight: secondary.drain_pod_index.clone(),
             gone: gone_tx.clone(),
-            interest: Arc::clone(&known.interest),
             names: Arc::clone(&known.names),
-            fills: fills_tx.clone(),
             listed: sets_listed_tx,
         },
         flipped(drain_pods_listed_rx.clone()),
@@ -248,13 +236,6 @@ async fn run_scope(
 
     let (routes, set_triggers, advanced_triggers) =
         Routes::new(sets.clone(), advanced_sets, ctx.drain_pod_index.clone());
-    let filler = fill::Filler {
-        client: client.clone(),
-        interest: Arc::clone(&ctx.interest),
-        pods: ctx.stateful_pods.clone(),
-        claims: ctx.claims.clone(),
-        metrics: Arc::clone(&ctx.metrics),
-    };
     let background = [
         tokio::spawn(drive_all(routes.clone(), streams)),
         tokio::spawn(forget_gone_sets(Arc::clone(&ctx), gone_rx)),
@@ -268,10 +249,6 @@ async fn run_scope(
             Arc::clone(&routes.advanced),
             released_rx,
         )),
-        tokio::spawn({
-            let routes = routes.clone();
-            filler.run(fills_rx, move |ns, set| routes.set_named(ns, set))
-        }),
         tokio::spawn({
             let (began, stop) = (Arc::clone(&stop_began), shutdown.clone());
             async move {
@@ -292,7 +269,7 @@ async fn run_scope(
         Arc::clone(&ctx),
         shared.discovery.clone(),
         routes.advanced.clone(),
-        (gone_tx, fills_tx, drain_pods_listed_rx),
+        (gone_tx, drain_pods_listed_rx),
         advanced_triggers,
         shutdown,
     );

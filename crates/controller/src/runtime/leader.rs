@@ -147,6 +147,14 @@ pub fn may_act(
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tenure(Option<SystemTime>);
 
+impl Tenure {
+    /// The tenure of a Lease acquired `n` seconds after the epoch: for tests.
+    #[cfg(test)]
+    pub fn for_tests(n: u64) -> Self {
+        Self(Some(SystemTime::UNIX_EPOCH + Duration::from_secs(n)))
+    }
+}
+
 /// The fence and the tenure, a pure function: the tenure in which `identity` may act at
 /// `now` ([`may_act`]), or `None` if it may not.
 pub fn tenure(
@@ -205,11 +213,6 @@ impl Leadership {
         }
     }
 
-    /// Whether this replica may act now (checked right before each write).
-    pub fn is_leading(&self) -> bool {
-        self.fence().is_some()
-    }
-
     /// The tenure in which this replica may act now, or `None` if it may not: the fence and
     /// the Lease it rests on, read together. What a replica remembers of its own acts can be
     /// trusted within one tenure; after another, another replica may have acted.
@@ -225,12 +228,6 @@ impl Leadership {
             s.renew_deadline,
             SystemTime::now(),
         )
-    }
-
-    /// How many times this replica became the leader (0 without election): what it wanted to
-    /// write in an earlier term is not written in a later one.
-    pub fn term(&self) -> u64 {
-        self.shared.as_ref().map_or(0, |s| *s.gained.borrow())
     }
 
     /// Whether leader election is on.
@@ -414,7 +411,7 @@ async fn supervise(leadership: Leadership, leader: prometheus_client::metrics::g
     };
     let mut leading = false;
     loop {
-        let now_leading = leadership.is_leading();
+        let now_leading = leadership.fence().is_some();
         if now_leading != leading {
             leading = now_leading;
             leader.set(i64::from(leading));
@@ -597,7 +594,7 @@ mod tests {
     #[tokio::test]
     async fn without_election_a_replica_always_acts_and_never_gains() {
         let l = Leadership::always();
-        assert!(l.is_leading());
+        assert!(l.fence().is_some());
         assert!(!l.elected());
         assert!(std::pin::pin!(l.gained()).next().await.is_none());
     }

@@ -11,15 +11,10 @@
 //! record annotations), and the entry itself is what tells a change that matters from one
 //! that does not.
 //!
-//! And they keep only the objects that may be of a set that concerns us (a [`Keep`] predicate,
-//! [`crate::runtime::interest`]): each change of an object is kept if it may be such a set's,
-//! and an object cached whose set stopped concerning us is forgotten at its next change. A set that comes to concern us later has its objects listed
-//! and merged in ([`Cache::merge`]) by resourceVersion, the newest state winning: a watch event
-//! older than what a list brought is not applied, and a deletion seen while a list is in
-//! flight is remembered (a tombstone) so the list cannot bring the object back.
+//! They keep every stateful pod and every claim, of sets that opted in or not: a set that opts
+//! in later is planned from what is cached already.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 use drain_api::claim_annotations;
@@ -200,24 +195,14 @@ struct Inner<E> {
     by_namespace: HashMap<Box<str>, HashMap<Box<str>, Slot<E>>>,
     /// Counts the watch's (re)lists: at the end of one, the objects it did not list are gone.
     epoch: u32,
-    /// The deletions seen while a fill's list is in flight, by namespace and name: the
-    /// resourceVersion of each.
-    tombstones: HashMap<(Box<str>, Box<str>), u64>,
 }
 
-/// Whether a cache keeps a new object (by namespace, name and metadata).
-pub type Keep = Arc<dyn Fn(&str, &str, &ObjectMeta) -> bool + Send + Sync>;
-
-/// A compact cache of one kind of object, filled by [`Cache::changes`] and [`Cache::merge`].
+/// A compact cache of one kind of object, filled by [`Cache::changes`].
 pub struct Cache<E> {
     inner: Arc<RwLock<Inner<E>>>,
     synced: Arc<tokio::sync::watch::Sender<bool>>,
-    /// Which new objects are kept (`None`: all).
-    keep: Option<Keep>,
     /// The index kept of the cached objects, if any.
     indexed: Option<Indexed>,
-    /// Fills whose list is in flight (deletions are remembered meanwhile).
-    filling: Arc<AtomicU32>,
 }
 
 impl<E> Clone for Cache<E> {
@@ -225,33 +210,27 @@ impl<E> Clone for Cache<E> {
         Self {
             inner: Arc::clone(&self.inner),
             synced: Arc::clone(&self.synced),
-            keep: self.keep.clone(),
             indexed: self.indexed.clone(),
-            filling: Arc::clone(&self.filling),
         }
     }
 }
 
 impl<E> Default for Cache<E> {
     fn default() -> Self {
-        Self::new(None, None)
+        Self::new(None)
     }
 }
 
 impl<E> Cache<E> {
-    /// An empty cache that keeps the new objects `keep` accepts (`None`: all), and `indexed`'s
-    /// index of them.
-    pub fn new(keep: Option<Keep>, indexed: Option<Indexed>) -> Self {
+    /// An empty cache, keeping `indexed`'s index of its objects.
+    pub fn new(indexed: Option<Indexed>) -> Self {
         Self {
             inner: Arc::new(RwLock::new(Inner {
                 by_namespace: HashMap::new(),
                 epoch: 0,
-                tombstones: HashMap::new(),
             })),
             synced: Arc::new(tokio::sync::watch::channel(false).0),
-            keep,
             indexed,
-            filling: Arc::default(),
         }
     }
 }
@@ -269,19 +248,6 @@ fn forget<E>(inner: &mut Inner<E>, namespace: &str, name: &str) {
             inner.by_namespace.remove(namespace);
         }
     }
-}
-
-/// What [`Cache::upsert`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Upserted {
-    /// The object is new and not kept.
-    NotKept,
-    /// The object was cached and is not kept any more (its set stopped concerning us).
-    Dropped,
-    /// It is cached, and its entry is as it was.
-    Kept,
-    /// It is cached, new or with a changed entry.
-    Changed,
 }
 
 /// The watch feeding a cache ended before its first list completed.
@@ -337,74 +303,40 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         Some((slot.entry.clone(), slot.version))
     }
 
-    /// Stores `entry`, seen at `version`, if the cache keeps the object (it may be of a set that
-    /// concerns us); an object cached that it no longer keeps is forgotten. A state older than
-    /// the cached one is not stored (the object counts as listed, though), nor, from a fill's
-    /// list (`listed`), one older than a deletion seen meanwhile. Whether it is kept is decided,
-    /// and the index kept, under the cache's lock, so that a watch event and a fill's merge of
-    /// one object never interleave (the lock order is this cache, then the interest and the
-    /// index: nothing takes them the other way round).
-    fn upsert(
-        &self,
-        (namespace, name, meta): (&str, &str, &ObjectMeta),
-        entry: E,
-        listed: bool,
-    ) -> Upserted {
+    /// Stores `entry`, seen at `version`; whether the object is new or its entry changed. A
+    /// state older than the cached one is not stored (the object counts as listed, though).
+    fn upsert(&self, (namespace, name, meta): (&str, &str, &ObjectMeta), entry: E) -> bool {
         let version = version_of(meta);
         let mut inner = self.inner.write().expect("cache lock");
-        let keeps = self.keeps(namespace, name, meta);
         let epoch = inner.epoch;
-        let upserted = match inner
+        let changed = match inner
             .by_namespace
             .get_mut(namespace)
             .and_then(|names| names.get_mut(name))
         {
-            Some(_) if !keeps => Upserted::Dropped,
             Some(slot) => {
                 slot.epoch = epoch;
                 if older(version, slot.version) {
-                    Upserted::Kept
+                    false
                 } else {
                     slot.version = version;
-                    if slot.entry == entry {
-                        Upserted::Kept
-                    } else {
-                        slot.entry = entry;
-                        Upserted::Changed
-                    }
+                    let changed = slot.entry != entry;
+                    slot.entry = entry;
+                    changed
                 }
             }
             None => {
-                let deleted_after = listed
-                    && inner
-                        .tombstones
-                        .get(&(namespace.into(), name.into()))
-                        .is_some_and(|&at| at != 0 && !older(at, version));
-                if !keeps || deleted_after {
-                    return Upserted::NotKept;
-                }
-                inner
-                    .by_namespace
-                    .entry(namespace.into())
-                    .or_default()
-                    .insert(
-                        name.into(),
-                        Slot {
-                            entry,
-                            version,
-                            epoch,
-                        },
-                    );
-                Upserted::Changed
+                let slot = Slot {
+                    entry,
+                    version,
+                    epoch,
+                };
+                (inner.by_namespace.entry(namespace.into()).or_default()).insert(name.into(), slot);
+                true
             }
         };
-        if upserted == Upserted::Dropped {
-            forget(&mut inner, namespace, name);
-            self.unindex(namespace, name);
-        } else {
-            self.index(namespace, name);
-        }
-        upserted
+        self.index(namespace, name);
+        changed
     }
 
     fn index(&self, namespace: &str, name: &str) {
@@ -419,18 +351,9 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         }
     }
 
-    /// Forgets the object deleted at `version`, unless the cache holds a newer state of it (a
-    /// list merged in after the deletion brought a new object of that name); whether it did.
-    /// While a fill is in flight, the deletion is remembered.
-    fn remove(&self, namespace: &str, name: &str, version: u64) -> bool {
+    /// Forgets the object deleted at `version`, unless the cache holds a newer state of it.
+    fn remove(&self, namespace: &str, name: &str, version: u64) {
         let mut inner = self.inner.write().expect("cache lock");
-        if self.filling.load(Ordering::SeqCst) > 0 {
-            let at = inner
-                .tombstones
-                .entry((namespace.into(), name.into()))
-                .or_default();
-            *at = (*at).max(version);
-        }
         let removed = match inner.by_namespace.get(namespace).and_then(|n| n.get(name)) {
             Some(slot) => !older(version, slot.version),
             None => false,
@@ -439,40 +362,6 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             forget(&mut inner, namespace, name);
             self.unindex(namespace, name);
         }
-        removed
-    }
-
-    /// A fill starts: its list is about to be asked for, so deletions from now on are
-    /// remembered until it is merged ([`Cache::merge`]) or abandoned ([`Cache::end_fill`]).
-    pub fn begin_fill(&self) {
-        self.filling.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// A fill ended (merged or failed): once none is in flight, the tombstones go.
-    pub fn end_fill(&self) {
-        if self.filling.fetch_sub(1, Ordering::SeqCst) == 1 {
-            let mut inner = self.inner.write().expect("cache lock");
-            if self.filling.load(Ordering::SeqCst) == 0 {
-                inner.tombstones = HashMap::new();
-            }
-        }
-    }
-
-    /// Merges a list of objects (taken after [`Cache::begin_fill`]): each that the cache keeps
-    /// is stored unless the cache holds a newer state of it, or it was deleted after the list
-    /// saw it. Returns how many were stored.
-    pub fn merge<K: Compact<Entry = E>>(&self, listed: impl IntoIterator<Item = K>) -> usize {
-        listed
-            .into_iter()
-            .filter(|obj| {
-                let (ns, name) = obj.key();
-                self.upsert((ns, name, obj.metadata()), obj.entry(), true) == Upserted::Changed
-            })
-            .count()
-    }
-
-    fn keeps(&self, namespace: &str, name: &str, meta: &ObjectMeta) -> bool {
-        self.keep.as_ref().is_none_or(|k| k(namespace, name, meta))
     }
 
     /// A (re)list starts: what it does not list is forgotten when it ends.
@@ -511,8 +400,8 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         match event {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 let (ns, name) = obj.key();
-                let upserted = self.upsert((ns, name, obj.metadata()), obj.entry(), false);
-                (upserted == Upserted::Changed).then_some(obj)
+                self.upsert((ns, name, obj.metadata()), obj.entry())
+                    .then_some(obj)
             }
             watcher::Event::Delete(obj) => {
                 let (ns, name) = obj.key();
@@ -660,7 +549,7 @@ mod tests {
             },
             index: Index::default(),
         };
-        let cache = Cache::new(None, Some(indexed.clone()));
+        let cache = Cache::new(Some(indexed.clone()));
         let on = |e| cache.on(e).is_some();
         assert!(!on(watcher::Event::Init));
         assert!(on(watcher::Event::InitApply(claim("data-web-0", None))));
@@ -691,73 +580,6 @@ mod tests {
         p
     }
 
-    fn only(prefix: &'static str) -> Option<Keep> {
-        Some(Arc::new(move |_: &str, name: &str, _: &ObjectMeta| {
-            name.starts_with(prefix)
-        }))
-    }
-
-    #[test]
-    fn a_new_object_is_kept_only_if_wanted_but_a_kept_one_follows_every_change() {
-        let cache = Cache::new(only("web-"), None);
-        assert!(!passed(
-            &cache,
-            watcher::Event::Apply(pod_at("db-0", "a", 5))
-        ));
-        assert!(cache.get("ns", "db-0").is_none());
-        assert!(passed(
-            &cache,
-            watcher::Event::Apply(pod_at("web-0", "a", 5))
-        ));
-        assert_eq!(cache.len(), 1);
-        // A deletion passes on whether or not the object was kept (routes decide).
-        assert!(passed(
-            &cache,
-            watcher::Event::Delete(pod_at("db-0", "a", 6))
-        ));
-        assert!(passed(
-            &cache,
-            watcher::Event::Delete(pod_at("web-0", "a", 7))
-        ));
-        assert!(cache.is_empty());
-    }
-
-    #[test]
-    fn an_object_whose_set_stopped_concerning_us_is_forgotten_at_its_next_change() {
-        use std::sync::atomic::AtomicBool;
-        let wanted = Arc::new(AtomicBool::new(true));
-        let keep: Keep = {
-            let wanted = Arc::clone(&wanted);
-            Arc::new(move |_: &str, _: &str, _: &ObjectMeta| wanted.load(Ordering::SeqCst))
-        };
-        let indexed = Indexed {
-            sets: |ns, _| vec![(ns.to_owned(), "web".to_owned())],
-            index: Index::default(),
-        };
-        let cache = Cache::new(Some(keep), Some(indexed.clone()));
-        assert!(passed(
-            &cache,
-            watcher::Event::Apply(pod_at("web-0", "a", 5))
-        ));
-        assert_eq!(indexed.index.names("ns", "web").len(), 1);
-        wanted.store(false, Ordering::SeqCst);
-        assert!(!passed(
-            &cache,
-            watcher::Event::Apply(pod_at("web-0", "a", 6))
-        ));
-        assert!(cache.is_empty());
-        assert!(indexed.index.names("ns", "web").is_empty());
-        // The same when a fill's list brings it (another set of its namespace came to concern
-        // us): forgotten, and out of the index.
-        wanted.store(true, Ordering::SeqCst);
-        assert_eq!(cache.merge(vec![pod_at("web-0", "a", 7)]), 1);
-        assert_eq!(indexed.index.names("ns", "web").len(), 1);
-        wanted.store(false, Ordering::SeqCst);
-        assert_eq!(cache.merge(vec![pod_at("web-0", "a", 8)]), 0);
-        assert!(cache.is_empty());
-        assert!(indexed.index.names("ns", "web").is_empty());
-    }
-
     #[test]
     fn an_older_state_never_overwrites_a_newer_one() {
         let cache = Cache::default();
@@ -773,36 +595,6 @@ mod tests {
         assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "b");
         cache.on(watcher::Event::Delete(pod_at("web-0", "b", 25)));
         assert!(cache.get("ns", "web-0").is_none());
-    }
-
-    #[test]
-    fn a_fill_merges_by_version_and_cannot_bring_back_what_was_deleted_meanwhile() {
-        let cache = Cache::new(only("web-"), None);
-        // Kept from the watch since the set concerned us: web-0 at 30 (newer than the list).
-        cache.begin_fill();
-        cache.on(watcher::Event::Apply(pod_at("web-0", "new", 30)));
-        // web-1 deleted at 26, after the list (taken at 25) saw it at 21; never cached.
-        cache.on(watcher::Event::Delete(pod_at("web-1", "a", 26)));
-        let listed = vec![
-            pod_at("web-0", "old", 22),
-            pod_at("web-1", "a", 21),
-            pod_at("web-2", "a", 23),
-            pod_at("db-0", "a", 24),
-        ];
-        assert_eq!(cache.merge(listed), 1);
-        cache.end_fill();
-        assert_eq!(&*cache.get("ns", "web-0").unwrap().uid, "new");
-        assert!(
-            cache.get("ns", "web-1").is_none(),
-            "a deleted pod came back"
-        );
-        assert!(cache.get("ns", "web-2").is_some());
-        assert!(cache.get("ns", "db-0").is_none(), "not wanted");
-        // The tombstones go with the last fill: a later object of that name is kept.
-        assert!(passed(
-            &cache,
-            watcher::Event::Apply(pod_at("web-1", "b", 40))
-        ));
     }
 
     #[tokio::test]

@@ -18,14 +18,16 @@ use std::sync::Mutex;
 use drain_api::annotations;
 use k8s_openapi::api::apps::v1::StatefulSet;
 
+use crate::runtime::leader::Tenure;
+
 /// A status handed to the writer and not written yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Pending {
     /// Which want this is (see [`StatusMemo::want`]).
     seq: u64,
-    /// The leadership term it was wanted in: a want of an earlier term (this replica lost the
-    /// lease and got it back meanwhile) is never shown, and never written.
-    term: u64,
+    /// The tenure it was wanted in: a want of an earlier tenure (this replica lost the lease and
+    /// got it back meanwhile) is never shown, and never written.
+    tenure: Tenure,
     status: Option<String>,
 }
 
@@ -66,10 +68,10 @@ fn status_of(set: &StatefulSet) -> Option<String> {
 }
 
 impl StatusMemo {
-    /// Remembers that `status` is wanted on `set` in leadership term `term` (a patch is
-    /// pending): reads in that term show it until the patch lands ([`written`](Self::written))
+    /// Remembers that `status` is wanted on `set` in tenure `tenure` (a patch is
+    /// pending): reads in that tenure show it until the patch lands ([`written`](Self::written))
     /// or is given up ([`abandon`](Self::abandon)). Returns the want's number.
-    pub fn want(&self, set: &StatefulSet, status: Option<String>, term: u64) -> u64 {
+    pub fn want(&self, set: &StatefulSet, status: Option<String>, tenure: Tenure) -> u64 {
         let seq = self
             .seq
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -89,7 +91,11 @@ impl StatusMemo {
                 pending: None,
             };
         }
-        entry.pending = Some(Pending { seq, term, status });
+        entry.pending = Some(Pending {
+            seq,
+            tenure,
+            status,
+        });
         seq
     }
 
@@ -128,33 +134,33 @@ impl StatusMemo {
     /// Remembers `patched`, the set as the API server returned it after a status patch.
     #[cfg(test)]
     fn remember(&self, patched: &StatefulSet) {
-        let seq = self.want(patched, None, 0);
+        let seq = self.want(patched, None, Tenure::default());
         self.written(seq, patched);
     }
 
-    /// Whether a status wanted on `cached`'s set in term `term` has not been written yet (its
+    /// Whether a status wanted on `cached`'s set in tenure `tenure` has not been written yet (its
     /// write failed: it is written again, even if it is what reads show).
-    pub fn pending(&self, cached: &StatefulSet, term: u64) -> bool {
+    pub fn pending(&self, cached: &StatefulSet, tenure: Tenure) -> bool {
         let written = self.written.lock().expect("status memo lock");
         written.get(&key(cached)).is_some_and(|e| {
             cached.metadata.uid.as_deref() == Some(e.uid.as_str())
-                && e.pending.as_ref().is_some_and(|p| p.term == term)
+                && e.pending.as_ref().is_some_and(|p| p.tenure == tenure)
         })
     }
 
-    /// The status a read of `cached` in leadership term `term` shows: the one wanted, or the
+    /// The status a read of `cached` in tenure `tenure` shows: the one wanted, or the
     /// one written if the cache has not caught up with it, else the cached one.
-    pub fn status(&self, cached: &StatefulSet, term: u64) -> Option<String> {
-        match self.shown(cached, term) {
+    pub fn status(&self, cached: &StatefulSet, tenure: Tenure) -> Option<String> {
+        match self.shown(cached, tenure) {
             Some(status) => status,
             None => status_of(cached),
         }
     }
 
-    /// `cached` with the status wanted in term `term`, or with the status written if the cache
+    /// `cached` with the status wanted in tenure `tenure`, or with the status written if the cache
     /// has not caught up with it yet; `None` if `cached` is current.
-    pub fn overlay(&self, cached: &StatefulSet, term: u64) -> Option<StatefulSet> {
-        let status = self.shown(cached, term)?;
+    pub fn overlay(&self, cached: &StatefulSet, tenure: Tenure) -> Option<StatefulSet> {
+        let status = self.shown(cached, tenure)?;
         let mut set = cached.clone();
         let annotations = set
             .metadata
@@ -169,7 +175,7 @@ impl StatusMemo {
 
     /// The status to show instead of `cached`'s, if any (entries that have nothing left to show
     /// are dropped).
-    fn shown(&self, cached: &StatefulSet, term: u64) -> Option<Option<String>> {
+    fn shown(&self, cached: &StatefulSet, tenure: Tenure) -> Option<Option<String>> {
         let k = key(cached);
         let mut written = self.written.lock().expect("status memo lock");
         let entry = written.get_mut(&k)?;
@@ -177,7 +183,7 @@ impl StatusMemo {
             written.remove(&k);
             return None;
         }
-        if entry.pending.as_ref().is_some_and(|p| p.term != term) {
+        if entry.pending.as_ref().is_some_and(|p| p.tenure != tenure) {
             entry.pending = None;
         }
         if let Some(p) = &entry.pending {
@@ -232,46 +238,61 @@ mod tests {
         }
     }
 
-    /// The calls of leadership term 0.
+    /// The calls of the tenure without election.
     impl StatusMemo {
         fn overlay_(&self, cached: &StatefulSet) -> Option<StatefulSet> {
-            self.overlay(cached, 0)
+            self.overlay(cached, Tenure::default())
         }
         fn status_(&self, cached: &StatefulSet) -> Option<String> {
-            self.status(cached, 0)
+            self.status(cached, Tenure::default())
         }
         fn want_(&self, set: &StatefulSet, status: Option<String>) -> u64 {
-            self.want(set, status, 0)
+            self.want(set, status, Tenure::default())
         }
     }
 
     #[test]
-    fn a_want_is_pending_until_written_and_only_in_its_term() {
+    fn a_want_is_pending_until_written_and_only_in_its_tenure() {
         let memo = StatusMemo::default();
         let cached = set("u", "100", None);
-        assert!(!memo.pending(&cached, 1));
-        let seq = memo.want(&cached, Some("wanted".into()), 1);
-        assert!(memo.pending(&cached, 1), "a failed write is written again");
-        assert!(!memo.pending(&cached, 2), "not in another term");
+        assert!(!memo.pending(&cached, Tenure::for_tests(1)));
+        let seq = memo.want(&cached, Some("wanted".into()), Tenure::for_tests(1));
         assert!(
-            !memo.pending(&set("other", "100", None), 1),
+            memo.pending(&cached, Tenure::for_tests(1)),
+            "a failed write is written again"
+        );
+        assert!(
+            !memo.pending(&cached, Tenure::for_tests(2)),
+            "not in another tenure"
+        );
+        assert!(
+            !memo.pending(&set("other", "100", None), Tenure::for_tests(1)),
             "not for a set recreated"
         );
         memo.written(seq, &set("u", "101", Some("wanted")));
-        assert!(!memo.pending(&cached, 1));
-        assert_eq!(memo.status(&cached, 1).as_deref(), Some("wanted"));
+        assert!(!memo.pending(&cached, Tenure::for_tests(1)));
+        assert_eq!(
+            memo.status(&cached, Tenure::for_tests(1)).as_deref(),
+            Some("wanted")
+        );
     }
 
     #[test]
-    fn a_want_of_an_earlier_leadership_term_is_never_shown() {
+    fn a_want_of_an_earlier_tenure_is_never_shown() {
         let memo = StatusMemo::default();
-        memo.want(&set("u", "100", None), Some("stale".into()), 1);
+        memo.want(
+            &set("u", "100", None),
+            Some("stale".into()),
+            Tenure::for_tests(1),
+        );
         assert_eq!(
-            memo.status(&set("u", "100", Some("cached")), 2).as_deref(),
+            memo.status(&set("u", "100", Some("cached")), Tenure::for_tests(2))
+                .as_deref(),
             Some("cached")
         );
         assert_eq!(
-            memo.status(&set("u", "100", Some("cached")), 1).as_deref(),
+            memo.status(&set("u", "100", Some("cached")), Tenure::for_tests(1))
+                .as_deref(),
             Some("cached"),
             "dropped for good"
         );
@@ -364,11 +385,11 @@ mod tests {
         let memo = StatusMemo::default();
         let mut other = set("v", "100", None);
         other.metadata.name = Some("db".into());
-        memo.want(&set("u", "100", None), Some("a".into()), 0);
-        memo.want(&other, Some("b".into()), 0);
+        memo.want(&set("u", "100", None), Some("a".into()), Tenure::default());
+        memo.want(&other, Some("b".into()), Tenure::default());
         memo.retain(|ns, name| ns == "ns" && name == "db");
-        assert_eq!(memo.status(&set("u", "100", None), 0), None);
-        assert_eq!(memo.status(&other, 0), Some("b".into()));
+        assert_eq!(memo.status(&set("u", "100", None), Tenure::default()), None);
+        assert_eq!(memo.status(&other, Tenure::default()), Some("b".into()));
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub async fn sweep(
     let mut denied_reported = false;
     loop {
         let mut wait = SWEEP_EVERY;
-        if leadership.is_leading() {
+        if leadership.fence().is_some() {
             match sweep_once(&api, &namespaces, field_manager, &metrics).await {
                 Ok(next) => {
                     denied_reported = false;

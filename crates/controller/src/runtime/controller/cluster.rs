@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use super::context::Context;
 use super::events::{Events, publish};
-use super::expectations::Recents;
+use super::expectations::Expectations;
 use super::kinds::{Twin, wants};
 use super::memory::{Memory, SetId, Withdrawal, set_id};
 use super::watches::slim_drain_pod;
@@ -41,7 +41,7 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) claims: Api<PersistentVolumeClaim>,
     pub(super) events: &'a Events,
     /// Where our writes of drain pods and claims are kept until their watches deliver them.
-    pub(super) recent: &'a Recents,
+    pub(super) recent: &'a Expectations,
     pub(super) set: ObjectReference,
     pub(super) metrics: &'a Metrics,
     pub(super) leadership: &'a Leadership,
@@ -94,11 +94,11 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
 }
 
 /// Deletes the pod `name` if it still has this UID (and resourceVersion, when given), and notes
-/// a delete the API server accepted in `recent` ([`recent::Deleted`]).
+/// a delete the API server accepted in `recent` ([`super::expectations::Deleted`]).
 pub(super) async fn delete_pod(
     pods: &Api<Pod>,
     metrics: &Metrics,
-    recent: &Recents,
+    recent: &Expectations,
     name: &str,
     uid: &str,
     resource_version: Option<&str>,
@@ -379,7 +379,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
 async fn patch_claim(
     claims: &Api<PersistentVolumeClaim>,
     metrics: &Metrics,
-    recent: &Recents,
+    recent: &Expectations,
     name: &str,
     uid: &str,
     annotations: &BTreeMap<String, Option<String>>,
@@ -455,17 +455,15 @@ pub(super) async fn write_status(
     status: Option<String>,
     tenure: Tenure,
 ) -> Option<std::time::Duration> {
-    let leadership = &ctx.config.leadership;
-    let term = leadership.term();
     let memo = &ctx.statuses;
-    if !memo.pending(set, term) && memo.status(set, term) == status {
+    if !memo.pending(set, tenure) && memo.status(set, tenure) == status {
         return None;
     }
-    if leadership.fence() != Some(tenure) {
+    if ctx.config.leadership.fence() != Some(tenure) {
         return None;
     }
     let id = set_id(kind, set);
-    let seq = memo.want(set, status.clone(), term);
+    let seq = memo.want(set, status.clone(), tenure);
     match patch_status(ctx, kind, set, status).await {
         Ok(Some(patched)) => {
             debug!("status written");

@@ -98,7 +98,7 @@ pub struct Context {
     pub(super) drain_pods: Store<Pod>,
     pub(super) claims: Cache<ClaimEntry>,
     /// Our writes of drain pods and claims that their watches have not delivered yet.
-    pub(super) recent: Arc<super::expectations::Recents>,
+    pub(super) recent: Arc<super::expectations::Expectations>,
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
     pub(super) events: super::events::Events,
@@ -119,12 +119,10 @@ pub struct Context {
     pub(super) ready: tokio::sync::watch::Receiver<bool>,
     /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
     pub(super) retained: Arc<tokio::sync::Notify>,
-    /// The sets whose pods and claims the caches keep.
-    pub(super) interest: Arc<crate::runtime::interest::Interest>,
     /// The names of every built-in StatefulSet.
-    pub(super) names: Arc<crate::runtime::interest::SetNames>,
+    pub(super) names: Arc<crate::runtime::set_names::SetNames>,
     /// The names of every Advanced StatefulSet (none until that kind is served).
-    pub(super) advanced_names: Arc<crate::runtime::interest::SetNames>,
+    pub(super) advanced_names: Arc<crate::runtime::set_names::SetNames>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
 }

@@ -82,7 +82,7 @@ pub(super) async fn tell_kruise(
     mut released: mpsc::UnboundedReceiver<Released>,
 ) {
     while let Some(r) = released.recv().await {
-        if !leadership.is_leading() || dry_run {
+        if leadership.fence().is_none() || dry_run {
             continue;
         }
         let Some(set) = advanced

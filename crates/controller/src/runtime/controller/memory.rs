@@ -139,19 +139,7 @@ mod tests {
     }
 
     fn tenure(n: u64) -> Tenure {
-        let lease = crate::runtime::leader::LeaseView {
-            holder: Some("a".to_owned()),
-            renewed: Some(std::time::SystemTime::now()),
-            acquired: Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(n)),
-        };
-        crate::runtime::leader::tenure(
-            true,
-            Some(&lease),
-            "a",
-            std::time::Duration::from_secs(10),
-            std::time::SystemTime::now(),
-        )
-        .expect("leads")
+        Tenure::for_tests(n)
     }
 
     fn withdrawal(name: &str, n: u64) -> Withdrawal {

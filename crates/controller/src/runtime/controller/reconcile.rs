@@ -162,18 +162,11 @@ pub(super) async fn admit<K: ServedSet>(
         return Ok(Err(Action::await_change()));
     };
     // Read our own last status write even if the cache has not seen it yet.
-    let set = match ctx.statuses.overlay(&set, ctx.config.leadership.term()) {
+    let set = match ctx.statuses.overlay(&set, tenure) {
         Some(fresher) => Arc::new(fresher),
         None => set,
     };
     ctx.wait_ready().await?;
-    if !ctx.interest.ready(&ns, &name) {
-        // It came to concern us just now: its pods and claims are being listed, and it is
-        // planned once they are in (`fill` triggers it), not from a partial picture. Looked at
-        // again meanwhile, should that trigger find the set not cached yet.
-        debug!("pods and claims not cached yet; planned once they are listed");
-        return Ok(Err(Action::requeue(Duration::from_secs(2))));
-    }
     // Before anything that may end the reconcile early (a name clash among them).
     let withdrawals_left = retry_withdrawals(ctx, set_id(K::KIND, &set), tenure).await;
     let set_ref = set_reference(K::KIND, &set);

@@ -148,15 +148,13 @@ pub(super) fn discover_advanced(client: Client, every: Duration) -> Discovery {
 
 /// Serves OpenKruise's Advanced StatefulSets of the context's scope once that kind is served
 /// (`discovery` resolves) and the drain pods are listed, until `stop`; [`Stopped::Clean`] if it
-/// never was. Sets that concern us are filled in through `fills_tx`; deletions and relists are
-/// told on `gone_tx`.
+/// never was. Deletions and relists are told on `gone_tx`.
 pub(super) async fn serve_advanced(
     ctx: Arc<Context>,
     discovery: Discovery,
     store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-    (gone_tx, fills_tx, drain_pods_listed): (
+    (gone_tx, drain_pods_listed): (
         mpsc::UnboundedSender<()>,
-        mpsc::UnboundedSender<crate::runtime::watch::SetKey>,
         tokio::sync::watch::Receiver<bool>,
     ),
     triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
@@ -175,9 +173,7 @@ pub(super) async fn serve_advanced(
         SetWatch {
             in_flight: ctx.drain_pod_index.clone(),
             gone: gone_tx,
-            interest: Arc::clone(&ctx.interest),
             names: Arc::clone(&ctx.advanced_names),
-            fills: fills_tx,
             listed: tokio::sync::watch::channel(false).0,
         },
         // Like the built-in sets: judged once the drain pods are known.

@@ -63,7 +63,7 @@ pub(super) fn observe_set(
 ) -> plan::Snapshot {
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
-    // Each read is at least as new as our own last write of the object (`crate::runtime::recent`).
+    // Each read is at least as new as our own last write of the object (`super::expectations`).
     let claims: Vec<_> = ctx
         .claim_index
         .names(&ns, &name)

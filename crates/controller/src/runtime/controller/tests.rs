@@ -23,7 +23,7 @@ use super::serve::halt_at_once;
 use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::meta_cache::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::{recent, watch};
+use crate::runtime::watch;
 use crate::{observe, plan};
 
 /// A stateful pod's cached entry, as a fingerprint: what passes its watch on.
@@ -567,7 +567,7 @@ fn our_write_of_a_claim_is_read_only_for_that_same_claim() {
 
 #[test]
 fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
-    let deleted = recent::Deleted::default();
+    let deleted = super::expectations::Deleted::default();
     deleted.deleted("ours");
     let mut pods = vec![
         observe::drain_pod(&drain_pod_named("web-2", "ours", "web", 10), 2),
@@ -602,7 +602,7 @@ fn a_drain_pod_we_deleted_is_read_as_terminating_without_a_deletion_time() {
 #[test]
 fn a_claim_we_deleted_is_read_as_being_deleted_and_no_drain_starts_on_it() {
     use crate::plan::{self, Claim, DrainRecord, NewDrains, Settings, Snapshot};
-    let deleted = recent::Deleted::default();
+    let deleted = super::expectations::Deleted::default();
     deleted.deleted("drained");
     let claim = |name: &str, uid: &str, ordinal| Claim {
         name: name.to_owned(),

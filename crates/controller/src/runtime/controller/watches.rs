@@ -19,12 +19,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, info};
 
 use super::api::api;
-use super::expectations::Recents;
+use super::expectations::Expectations;
 use super::kinds::Released;
 
-use crate::runtime::interest::{Entered, Interest, SetNames, wants_claim, wants_pod};
-use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, Keep, PodEntry};
+use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::set_names::SetNames;
 use crate::runtime::watch;
 use crate::runtime::watch::{Filter, Index, SetKey};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
@@ -237,21 +237,6 @@ impl Routes {
         }
     }
 
-    /// Triggers the cached sets of either kind named `set` in `ns` (once their pods and claims
-    /// are filled in); whether it found one.
-    pub(super) fn set_named(&self, ns: &str, set: &str) -> bool {
-        let mut found = false;
-        if let Some(r) = any_set_ref(&self.sets, set, ns) {
-            found = true;
-            let _ = self.to_sets.send(r);
-        }
-        if let Some(r) = self.advanced.get().and_then(|s| any_set_ref(s, set, ns)) {
-            found = true;
-            let _ = self.to_advanced.send(r);
-        }
-        found
-    }
-
     /// Triggers the set a drain pod is labelled with, of either kind, opted in or not: a drain
     /// in flight is completed either way.
     pub(super) fn drain_pod(&self, pod: &Pod) {
@@ -318,19 +303,9 @@ pub(super) struct Secondary {
     pub(super) drain_pods: Store<Pod>,
     pub(super) claims: Cache<ClaimEntry>,
     /// Our writes that the watches have not delivered yet.
-    pub(super) recent: Arc<Recents>,
+    pub(super) recent: Arc<Expectations>,
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
-}
-
-/// When the secondary watches start: the drain pods first (whether a set has drains in flight
-/// decides whether it concerns us); the stateful pods and claims once the built-in sets are
-/// listed, so that their first lists cover every set that concerned us by then.
-pub(super) struct Order {
-    /// Flipped once the drain pods are listed (the sets' watch waits for it).
-    pub(super) drain_pods_listed: tokio::sync::watch::Sender<bool>,
-    /// Flips once the built-in sets are listed.
-    pub(super) sets_listed: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Resolves once `flag` is `true` (or its sender is gone).
@@ -348,60 +323,26 @@ fn after<S: Stream>(gate: impl Future<Output = ()>, events: S) -> impl Stream<It
 }
 
 impl Secondary {
-    /// Starts the watches (they run once their streams are driven, in `order`): the caches,
-    /// which keep only the pods and claims of sets in `interest`, the streams, and the drain
-    /// pods released to OpenKruise that were deleted ([`tell_kruise`]).
+    /// Starts the watches (they run once their streams are driven): the caches, the streams,
+    /// and the drain pods released to OpenKruise that were deleted ([`tell_kruise`]);
+    /// `drain_pods_listed` flips once the drain pods are listed.
     pub(super) fn watch(
         client: &Client,
         ns: Option<&str>,
         metrics: &Arc<Metrics>,
-        interest: &Arc<Interest>,
-        order: Order,
+        drain_pods_listed: tokio::sync::watch::Sender<bool>,
     ) -> (Self, Streams, mpsc::UnboundedReceiver<Released>) {
         let (drain_pod_index, claim_index) = (Index::default(), Index::default());
         let (released_tx, released) = mpsc::unbounded_channel();
         let (drain_pods, dp_writer) = reflector::store();
-        let recent = Arc::new(Recents::default());
-        let keep_pod: Keep = {
-            let interest = Arc::clone(interest);
-            Arc::new(move |ns, name, meta| {
-                let controllers = meta
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .filter(|o| o.controller == Some(true))
-                    .map(|o| o.name.as_str());
-                wants_pod(&interest, ns, name, controllers)
-            })
-        };
-        let keep_claim: Keep = {
-            let interest = Arc::clone(interest);
-            Arc::new(move |ns, name, _| wants_claim(&interest, ns, name))
-        };
-        let stateful_pods = Cache::new(Some(keep_pod), None);
-        let claims = Cache::new(
-            Some(keep_claim),
-            Some(Indexed {
-                sets: claim_sets,
-                index: claim_index.clone(),
-            }),
-        );
-        let caches_start = {
-            let (interest, listed) = (Arc::clone(interest), order.sets_listed);
-            move || {
-                let (interest, listed) = (Arc::clone(&interest), listed.clone());
-                async move {
-                    flipped(listed).await;
-                    interest.caches_start();
-                }
-            }
-        };
+        let recent = Arc::new(Expectations::default());
+        let stateful_pods = Cache::new(None);
+        let claims = Cache::new(Some(Indexed {
+            sets: claim_sets,
+            index: claim_index.clone(),
+        }));
         let streams = (
-            after(
-                caches_start(),
-                stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)),
-            )
-            .boxed(),
+            stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)).boxed(),
             drain_pod_watch(
                 client,
                 ns,
@@ -409,10 +350,10 @@ impl Secondary {
                 drain_pod_index.clone(),
                 released_tx,
                 Arc::clone(&recent),
-                order.drain_pods_listed,
+                drain_pods_listed,
             )
             .boxed(),
-            after(caches_start(), claim_watch(client, ns, &claims)).boxed(),
+            claim_watch(client, ns, &claims).boxed(),
         );
         let secondary = Self {
             stateful_pods,
@@ -482,26 +423,18 @@ pub(super) struct SetWatch {
     pub(super) in_flight: Index,
     /// Told of each deletion and each (re)list (see [`Context::forget_gone_sets`]).
     pub(super) gone: mpsc::UnboundedSender<()>,
-    /// The sets whose pods and claims are kept.
-    pub(super) interest: Arc<Interest>,
     /// The names of every set of this kind.
     pub(super) names: Arc<SetNames>,
-    /// Sets to fill in ([`super::fill`]).
-    pub(super) fills: mpsc::UnboundedSender<SetKey>,
     /// Flipped once the sets are listed.
     pub(super) listed: tokio::sync::watch::Sender<bool>,
 }
 
 /// Of the events of one kind of set's watch, those of the sets that concern us (opted in, with
 /// drains in flight, or with a status of ours), so that the cache holds only them; a set that
-/// stops concerning us is deleted from the cache. Each set that comes to concern us enters
-/// `interest`, and is sent to be filled in if it needs to be.
+/// stops concerning us is deleted from the cache.
 struct Concerning<K: ServedSet> {
     in_flight: Index,
-    interest: Arc<Interest>,
-    fills: mpsc::UnboundedSender<SetKey>,
     cached: Store<K>,
-    relisted: Option<std::collections::HashSet<(String, String)>>,
 }
 
 impl<K: ServedSet> Concerning<K> {
@@ -511,55 +444,20 @@ impl<K: ServedSet> Concerning<K> {
         set_kind::concerns_us(set.meta(), draining)
     }
 
-    fn enter(&self, set: &K) {
-        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-        if self.interest.enter(K::KIND, &ns, &name) == Entered::NeedsFill {
-            debug!(namespace = %ns, set = %name, "a set came to concern us; listing its pods and claims");
-            let _ = self.fills.send((ns, name));
-        }
-    }
-
-    fn leave(&self, set: &K) {
-        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-        self.interest.leave(K::KIND, &ns, &name);
-    }
-
     fn on(&mut self, event: watcher::Event<K>) -> Option<watcher::Event<K>> {
         match event {
             watcher::Event::Apply(set) => {
                 if self.concerns(&set) {
-                    self.enter(&set);
                     return Some(watcher::Event::Apply(set));
                 }
-                self.leave(&set);
                 // Deleted from the cache if it was there (it concerned us until now).
                 let cached = self.cached.get(&ObjectRef::from_obj(&set)).is_some();
                 cached.then_some(watcher::Event::Delete(set))
             }
-            watcher::Event::InitApply(set) => {
-                if !self.concerns(&set) {
-                    return None;
-                }
-                self.enter(&set);
-                if let Some(listed) = self.relisted.as_mut() {
-                    listed.insert((set.namespace().unwrap_or_default(), set.name_any()));
-                }
-                Some(watcher::Event::InitApply(set))
-            }
-            watcher::Event::Delete(set) => {
-                self.leave(&set);
-                Some(watcher::Event::Delete(set))
-            }
-            watcher::Event::Init => {
-                self.relisted = Some(Default::default());
-                Some(watcher::Event::Init)
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = self.relisted.take() {
-                    self.interest.retain(K::KIND, &listed);
-                }
-                Some(watcher::Event::InitDone)
-            }
+            watcher::Event::InitApply(set) => self
+                .concerns(&set)
+                .then_some(watcher::Event::InitApply(set)),
+            other => Some(other),
         }
     }
 }
@@ -580,18 +478,13 @@ pub(super) fn set_watch<K: ServedSet>(
     let SetWatch {
         in_flight,
         gone,
-        interest,
         names,
-        fills,
         listed,
     } = shared;
     let (sets, writer) = reflector::store();
     let mut concerning = Concerning {
         in_flight: in_flight.clone(),
-        interest,
-        fills,
         cached: sets.clone(),
-        relisted: None,
     };
     let events = watcher(api::<K>(client, ns), list_in_pages(LIST_PAGE_SETS))
         .default_backoff()
@@ -637,7 +530,7 @@ pub(super) fn drain_pod_watch(
     writer: reflector::store::Writer<Pod>,
     index: Index,
     released: mpsc::UnboundedSender<Released>,
-    recent: Arc<Recents>,
+    recent: Arc<Expectations>,
     listed: tokio::sync::watch::Sender<bool>,
 ) -> impl Stream<Item = Result<Pod, watcher::Error>> + Send + use<> {
     let relisting = Arc::new(AtomicBool::new(false));
