@@ -1,13 +1,13 @@
 //! The runtime: everything that runs the pipeline rather than decides it. The watches, the
 //! controller (kube-runtime's) and the per-set reconcile ([`controller`]), the caches and their
-//! indexes ([`meta_cache`], [`set_names`], [`watch`]), the memo of the statuses written
+//! indexes ([`caches`], [`set_names`], [`watch`]), the memo of the statuses written
 //! ([`status_memo`]), leader election ([`leader`]), the admin server and metrics ([`admin`],
 //! [`metrics`]), and the sweep of retained volumes ([`sweep`]).
 
 pub mod admin;
+pub mod caches;
 pub mod controller;
 pub mod leader;
-pub mod meta_cache;
 pub mod metrics;
 pub mod set_names;
 pub mod status_memo;

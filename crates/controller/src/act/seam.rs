@@ -1,5 +1,5 @@
 //! The seam between act and the cluster: the [`Cluster`] trait the act step calls (implemented
-//! for the real API server in `runtime::controller::cluster` and by a fake in the tests), and the
+//! for the real API server in `runtime::controller::writes` and by fakes in the tests), and the
 //! Events and call outcomes that cross it.
 
 use std::collections::BTreeMap;

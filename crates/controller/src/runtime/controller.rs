@@ -1,7 +1,6 @@
-//! The wiring: the watches (narrowed by label selectors, metadata-only where the full
-//! object is not needed, slimmed before they are cached), the mappers from pods and claims to
-//! their StatefulSet, kube-runtime's controller for each kind of set, the reconcile pipeline, the error policy, and the cluster seam's real
-//! implementation.
+//! The controller: one scope per watched namespace, each with its watches and caches
+//! ([`watches`]), kube-runtime's controller for each kind of set ([`queue`]), the reconcile
+//! ([`reconcile`], [`admit`], [`report`]) and the writes to the cluster ([`writes`]).
 
 use std::sync::{Arc, OnceLock};
 
@@ -17,26 +16,27 @@ use crate::runtime::metrics::Metrics;
 use crate::set_kind::AdvancedStatefulSet;
 use events::Events;
 use kinds::tell_kruise;
-use memory::Memory;
-use serve::{Discovery, discover_advanced, serve, serve_advanced};
+use queue::{Discovery, discover_advanced, serve, serve_advanced};
 use watches::{
     Routes, Secondary, SetWatch, drive_all, flipped, gate_readiness, ready_when_all, set_watch,
 };
 
 use crate::runtime::set_names::SetNames;
 
+mod admit;
 mod api;
 mod backoff;
-mod cluster;
 mod context;
 mod events;
 mod expectations;
 mod kinds;
 mod memory;
+mod queue;
 mod reconcile;
-mod serve;
+mod report;
 mod snapshot;
 mod watches;
+mod writes;
 
 pub use crate::identity::FIELD_MANAGER;
 pub use context::{Context, ControllerConfig, Error, Stopped, Telemetry, opted_in};
@@ -86,24 +86,27 @@ impl Context {
             ..
         } = shared.clone();
         Self {
-            advanced,
+            caches: context::Caches {
+                stateful_pods: secondary.stateful_pods,
+                drain_pods: secondary.drain_pods,
+                claims: secondary.claims,
+                drain_pod_index: secondary.drain_pod_index,
+                claim_index: secondary.claim_index,
+                names: known.names,
+                advanced_names: known.advanced_names,
+                advanced,
+                ready,
+            },
+            remembered: context::Remembered {
+                recent: secondary.recent,
+                ..Default::default()
+            },
             events: Events {
                 recorder: Recorder::new(client.clone(), reporter),
                 sending: tokio_util::task::TaskTracker::new(),
             },
-            stateful_pods: secondary.stateful_pods,
-            drain_pods: secondary.drain_pods,
-            claims: secondary.claims,
-            recent: secondary.recent,
-            drain_pod_index: secondary.drain_pod_index,
-            claim_index: secondary.claim_index,
-            memory: Memory::default(),
-            names: known.names,
-            advanced_names: known.advanced_names,
-            statuses: Default::default(),
             retained,
             metrics,
-            ready,
             config,
             scope,
             client,
@@ -234,8 +237,11 @@ async fn run_scope(
         known,
     ));
 
-    let (routes, set_triggers, advanced_triggers) =
-        Routes::new(sets.clone(), advanced_sets, ctx.drain_pod_index.clone());
+    let (routes, set_triggers, advanced_triggers) = Routes::new(
+        sets.clone(),
+        advanced_sets,
+        ctx.caches.drain_pod_index.clone(),
+    );
     let background = [
         tokio::spawn(drive_all(routes.clone(), streams)),
         tokio::spawn(forget_gone_sets(Arc::clone(&ctx), gone_rx)),
@@ -300,3 +306,6 @@ async fn wait_events(ctx: &Context, began: Option<tokio::time::Instant>) -> Stop
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod harness;

@@ -18,7 +18,7 @@ use crate::set_kind::ServedSet;
 pub(super) fn error_policy<K: ServedSet>(set: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
     let key = (K::KIND, ns.clone(), name.clone());
-    let delay = ctx.memory.update(&key, |m| {
+    let delay = ctx.remembered.memory.update(&key, |m| {
         let (now, delay) = next_failure(m.failures, std::time::Instant::now());
         m.failures = Some(now);
         delay

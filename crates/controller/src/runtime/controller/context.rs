@@ -1,6 +1,6 @@
 //! What the controllers share: their configuration and telemetry, the context every reconcile
-//! reads ([`Context`]: the caches, our recent writes, the per-set memory, the status writer),
-//! how a reconcile fails ([`Error`]) and how the controller stopped ([`Stopped`]).
+//! reads ([`Context`]: the caches, what this replica remembers, the wiring), how a reconcile
+//! fails ([`Error`]) and how the controller stopped ([`Stopped`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,9 +14,10 @@ use super::kinds::Twin;
 use super::memory::Memory;
 
 use crate::act::ActError;
+use crate::runtime::caches::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::leader::Leadership;
-use crate::runtime::meta_cache::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::metrics::{Metrics, SetLabels};
+use crate::runtime::set_names::SetNames;
 use crate::runtime::status_memo::StatusMemo;
 use crate::runtime::watch::Index;
 use crate::set_kind::{self, AdvancedStatefulSet, SetKind};
@@ -91,40 +92,53 @@ impl Error {
     }
 }
 
-/// What every reconcile shares.
+/// What every reconcile shares: what the watches keep ([`Caches`]), what this replica
+/// remembers of its own doings ([`Remembered`]), and the wiring.
 pub struct Context {
+    pub(super) caches: Caches,
+    pub(super) remembered: Remembered,
     pub(super) client: Client,
-    pub(super) stateful_pods: Cache<PodEntry>,
-    pub(super) drain_pods: Store<Pod>,
-    pub(super) claims: Cache<ClaimEntry>,
-    /// Our writes of drain pods and claims that their watches have not delivered yet.
-    pub(super) recent: Arc<super::expectations::Expectations>,
-    pub(super) drain_pod_index: Index,
-    pub(super) claim_index: Index,
     pub(super) events: super::events::Events,
     pub(super) config: ControllerConfig,
     /// The namespace this context's scope watches (`None`: all namespaces). The caches hold
     /// this namespace only; what is shared with the other scopes (the metrics) is touched for
     /// it only.
     pub(super) scope: Option<String>,
-    /// What is remembered per set between reconciles: backoff, unconfirmed creates, pending
-    /// withdrawals, names taken by hand, dry-run reports ([`memory`]).
+    pub(super) metrics: Arc<Metrics>,
+    /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
+    pub(super) retained: Arc<tokio::sync::Notify>,
+}
+
+/// What the watches keep of this scope: the objects, their indexes by set, the names of every
+/// set, and whether they synced.
+pub(super) struct Caches {
+    pub(super) stateful_pods: Cache<PodEntry>,
+    pub(super) drain_pods: Store<Pod>,
+    pub(super) claims: Cache<ClaimEntry>,
+    pub(super) drain_pod_index: Index,
+    pub(super) claim_index: Index,
+    /// The names of every built-in StatefulSet.
+    pub(super) names: Arc<SetNames>,
+    /// The names of every Advanced StatefulSet (none until that kind is served).
+    pub(super) advanced_names: Arc<SetNames>,
+    /// The Advanced StatefulSets' cache, once that kind is served.
+    pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+    /// Whether this scope's watch caches synced.
+    pub(super) ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// What this replica remembers of its own writes and their outcomes, none of it the cluster's
+/// state: a restarted controller starts without it.
+#[derive(Default)]
+pub(super) struct Remembered {
+    /// Our writes of drain pods and claims that their watches have not delivered yet.
+    pub(super) recent: Arc<super::expectations::Expectations>,
+    /// Per set between reconciles: backoff, unconfirmed creates, pending withdrawals, names
+    /// taken by hand, dry-run reports ([`memory`]).
     pub(super) memory: Memory,
     /// The status last wanted or written per set, shown to reads from a cache that has not
     /// caught up with it yet.
     pub(super) statuses: StatusMemo,
-    /// The metrics.
-    pub(super) metrics: Arc<Metrics>,
-    /// Whether this scope's watch caches synced.
-    pub(super) ready: tokio::sync::watch::Receiver<bool>,
-    /// Wakes the sweep of retained volumes when one was marked ([`crate::runtime::sweep`]).
-    pub(super) retained: Arc<tokio::sync::Notify>,
-    /// The names of every built-in StatefulSet.
-    pub(super) names: Arc<crate::runtime::set_names::SetNames>,
-    /// The names of every Advanced StatefulSet (none until that kind is served).
-    pub(super) advanced_names: Arc<crate::runtime::set_names::SetNames>,
-    /// The Advanced StatefulSets' cache, once that kind is served.
-    pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
 }
 
 impl Context {
@@ -141,6 +155,7 @@ impl Context {
     pub(super) fn twin_api(&self, kind: SetKind, ns: &str) -> Option<Twin> {
         match kind {
             SetKind::StatefulSet => self
+                .caches
                 .advanced
                 .get()
                 .map(|_| Twin::Advanced(Api::namespaced(self.client.clone(), ns))),
@@ -151,8 +166,8 @@ impl Context {
     /// Whether a set of `kind` named `name` is in `ns`, per the names of the sets the watches
     /// keep (`None`: of either kind).
     pub(super) fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
-        let builtin = || self.names.contains(ns, name);
-        let advanced = || self.advanced_names.contains(ns, name);
+        let builtin = || self.caches.names.contains(ns, name);
+        let advanced = || self.caches.advanced_names.contains(ns, name);
         match kind {
             Some(SetKind::StatefulSet) => builtin(),
             Some(SetKind::Advanced) => advanced(),
@@ -166,9 +181,11 @@ impl Context {
     /// sets come and go piles up entries. The metrics are shared by every scope: only the
     /// series of this scope's namespace are looked at ([`keep_series`]).
     pub(super) fn forget_gone_sets(&self) {
-        self.memory
+        self.remembered
+            .memory
             .forget_gone(|(kind, ns, name)| self.set_exists(Some(*kind), ns, name));
-        self.statuses
+        self.remembered
+            .statuses
             .retain(|ns, name| self.set_exists(None, ns, name));
         self.metrics.retain_sets(|s| {
             keep_series(self.scope.as_deref(), s, |ns, name| {
@@ -187,7 +204,7 @@ impl Context {
 
     /// Waits until every watch cache has synced (see [`gate_readiness`]).
     pub(super) async fn wait_ready(&self) -> Result<(), Error> {
-        let mut ready = self.ready.clone();
+        let mut ready = self.caches.ready.clone();
         ready
             .wait_for(|r| *r)
             .await

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::plan;
-use crate::runtime::meta_cache::{ClaimEntry, version_of};
+use crate::runtime::caches::{ClaimEntry, version_of};
 
 /// How long a write is kept at most (the watch normally passes it within milliseconds).
 pub const TTL: Duration = Duration::from_secs(10);

@@ -4,15 +4,14 @@
 
 use drain_api::names;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::cluster::delete_pod;
 use super::context::Context;
 use super::expectations::{mark_deleted, mark_deleted_claims, newest_claim, with_created};
 use super::memory::{SetId, Withdrawal, set_id};
+use super::writes::SetWrites;
 
 use crate::act::Deleted;
 use crate::runtime::leader::Tenure;
@@ -23,19 +22,26 @@ use crate::{observe, plan};
 /// ([`Cluster::withdraw_later`]), with their UIDs as precondition; one that is gone already, or
 /// replaced, is done with too. A failure keeps it for the next reconcile. Returns whether some
 /// are left.
-pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId, tenure: Tenure) -> bool {
+pub(super) async fn retry_withdrawals(
+    ctx: &Context,
+    writes: &impl SetWrites,
+    id: SetId,
+    tenure: Tenure,
+) -> bool {
     let leadership = &ctx.config.leadership;
-    let pending = ctx.memory.update(&id, |m| m.withdrawals_of(tenure));
+    let pending = ctx
+        .remembered
+        .memory
+        .update(&id, |m| m.withdrawals_of(tenure));
     if pending.is_empty() {
         return false;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.1);
     for (uid, Withdrawal { name, .. }) in pending {
         if leadership.fence() != Some(tenure) {
             // Lost the Lease meanwhile: whoever leads judges the pods.
             break;
         }
-        let done = match delete_pod(&pods, &ctx.metrics, &ctx.recent, &name, &uid, None).await {
+        let done = match writes.delete_pod(&name, &uid, None).await {
             Ok(Deleted::Deleted) => {
                 info!(pod = %name, "drain pod withdrawn (an earlier try had failed)");
                 true
@@ -47,10 +53,14 @@ pub(super) async fn retry_withdrawals(ctx: &Context, id: SetId, tenure: Tenure) 
             }
         };
         if done {
-            ctx.memory.update(&id, |m| m.withdrawing.remove(&uid));
+            ctx.remembered
+                .memory
+                .update(&id, |m| m.withdrawing.remove(&uid));
         }
     }
-    ctx.memory.read(&id, |m| !m.withdrawing.is_empty())
+    ctx.remembered
+        .memory
+        .read(&id, |m| !m.withdrawing.is_empty())
 }
 
 /// Reads one set's snapshot from the caches, through the per-set indexes.
@@ -65,22 +75,27 @@ pub(super) fn observe_set(
     let ns = set.namespace().unwrap_or_default();
     // Each read is at least as new as our own last write of the object (`super::expectations`).
     let claims: Vec<_> = ctx
+        .caches
         .claim_index
         .names(&ns, &name)
         .iter()
         .filter_map(|c| {
-            let (cached, version) = ctx.claims.get_versioned(&ns, c)?;
-            let entry = newest_claim(cached, ctx.recent.claims.newer_than(&ns, c, version));
+            let (cached, version) = ctx.caches.claims.get_versioned(&ns, c)?;
+            let entry = newest_claim(
+                cached,
+                ctx.remembered.recent.claims.newer_than(&ns, c, version),
+            );
             Some(entry.meta(&ns, c))
         })
         .collect();
     let drain_pods = with_created(
-        ctx.drain_pod_index
+        ctx.caches
+            .drain_pod_index
             .names(&ns, &name)
             .iter()
-            .filter_map(|p| ctx.drain_pods.get(&ObjectRef::new(p).within(&ns)))
+            .filter_map(|p| ctx.caches.drain_pods.get(&ObjectRef::new(p).within(&ns)))
             .collect(),
-        ctx.recent.pods.in_namespace(&ns),
+        ctx.remembered.recent.pods.in_namespace(&ns),
         &name,
     );
     let templates = observe::claim_templates(set);
@@ -92,7 +107,7 @@ pub(super) fn observe_set(
         .iter()
         .filter_map(|o| {
             let pod = names::pod_name(&name, *o);
-            Some(ctx.stateful_pods.get(&ns, &pod)?.meta(&ns, &pod))
+            Some(ctx.caches.stateful_pods.get(&ns, &pod)?.meta(&ns, &pod))
         })
         .collect();
     let mut snap = observe::snapshot(
@@ -102,17 +117,17 @@ pub(super) fn observe_set(
         others.iter(),
     );
     let withdrawing: std::collections::BTreeSet<String> =
-        ctx.memory.read(&set_id(kind, set), |m| {
+        ctx.remembered.memory.read(&set_id(kind, set), |m| {
             (m.withdrawing.iter())
                 .filter(|(_, w)| w.tenure == tenure)
                 .map(|(uid, _)| uid.clone())
                 .collect()
         });
     mark_deleted(&mut snap.pods, |uid| {
-        ctx.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
+        ctx.remembered.recent.deleted_pods.contains(uid) || withdrawing.contains(uid)
     });
     mark_deleted_claims(&mut snap.claims, |uid| {
-        ctx.recent.deleted_claims.contains(uid)
+        ctx.remembered.recent.deleted_claims.contains(uid)
     });
     if only_in_flight {
         // Opted out: only ordinals with a drain pod of ours are finished; nothing else is touched.
@@ -134,12 +149,16 @@ pub(super) fn observe_set(
 /// [`plan::PodKind::Unknown`]; once it is gone, replaced, or a cached pod holds the ordinal, it
 /// is forgotten. Such pods are in no cache, so this read is what notices their deletion (the
 /// planner requeues blocked ordinals every [`plan::RECHECK_UNKNOWN_POD`]).
-pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut plan::Snapshot) {
-    let remembered = ctx.memory.read(&id, |m| m.taken.clone());
+pub(super) async fn recheck_taken(
+    ctx: &Context,
+    writes: &impl SetWrites,
+    id: SetId,
+    snap: &mut plan::Snapshot,
+) {
+    let remembered = ctx.remembered.memory.read(&id, |m| m.taken.clone());
     if remembered.is_empty() {
         return;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let mut gone = Vec::new();
     for (ordinal, uid) in remembered {
         let name = names::pod_name(&snap.set_name, ordinal);
@@ -151,11 +170,9 @@ pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut
             gone.push(ordinal);
             continue;
         }
-        let result = pods.get_opt(&name).await;
-        ctx.metrics.request("get", "pods", &result);
-        match result {
-            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(uid.as_str()) => {
-                let mut seen = observe::other_pod(&pod.metadata, ordinal);
+        match writes.live_pod(&name).await {
+            Ok(Some(pod)) if pod.uid.as_deref() == Some(uid.as_str()) => {
+                let mut seen = observe::other_pod(&pod, ordinal);
                 seen.kind = plan::PodKind::Unknown;
                 snap.pods.push(seen);
             }
@@ -173,7 +190,8 @@ pub(super) async fn recheck_taken(ctx: &Context, id: SetId, ns: &str, snap: &mut
     }
     snap.pods.sort_by_key(|p| p.ordinal);
     if !gone.is_empty() {
-        ctx.memory
+        ctx.remembered
+            .memory
             .update(&id, |m| m.taken.retain(|o, _| !gone.contains(o)));
     }
 }

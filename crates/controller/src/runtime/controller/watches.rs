@@ -22,7 +22,7 @@ use super::api::api;
 use super::expectations::Expectations;
 use super::kinds::Released;
 
-use crate::runtime::meta_cache::{Cache, ClaimEntry, Indexed, PodEntry};
+use crate::runtime::caches::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::set_names::SetNames;
 use crate::runtime::watch;
@@ -33,7 +33,7 @@ use crate::{observe, plan, set_kind};
 /// What readiness waits for: the built-in StatefulSets listed (their cache is the
 /// controller's own), and the caches of the secondary watches.
 #[derive(Clone)]
-pub(super) struct Caches {
+pub(super) struct Synced {
     pub(super) sets_listed: tokio::sync::watch::Receiver<bool>,
     pub(super) stateful_pods: Cache<PodEntry>,
     pub(super) drain_pods: Store<Pod>,
@@ -47,7 +47,7 @@ pub(super) struct Caches {
 /// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness. `scope` is the
 /// namespace the caches hold (`None`: all), for the log.
 pub(super) async fn gate_readiness(
-    caches: Caches,
+    caches: Synced,
     scope: Option<String>,
     ready: tokio::sync::watch::Sender<bool>,
 ) {
@@ -367,8 +367,8 @@ impl Secondary {
     }
 
     /// What readiness waits for, with the sets' listing flag.
-    pub(super) fn caches(&self, sets_listed: tokio::sync::watch::Receiver<bool>) -> Caches {
-        Caches {
+    pub(super) fn caches(&self, sets_listed: tokio::sync::watch::Receiver<bool>) -> Synced {
+        Synced {
             sets_listed,
             stateful_pods: self.stateful_pods.clone(),
             drain_pods: self.drain_pods.clone(),

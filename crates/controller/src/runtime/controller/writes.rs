@@ -8,6 +8,7 @@ use drain_api::{annotations, labels};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -25,11 +26,60 @@ use crate::act::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Subjec
 use crate::identity::FIELD_MANAGER;
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
+use crate::runtime::caches::ClaimEntry;
 use crate::runtime::leader::{Leadership, Tenure};
-use crate::runtime::meta_cache::ClaimEntry;
 use crate::runtime::metrics::Metrics;
-use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
+use crate::set_kind::{ServedSet, SetKind};
 use crate::{observe, retain};
+
+/// The writes of one reconcile of a set beyond the act seam: the status patch, and the live
+/// read of a pod holding one of its names.
+pub(super) trait SetWrites: Cluster + Send {
+    /// Patches the set's status annotation (`None`: removes it), with its UID as a
+    /// precondition: `Ok(None)` when the set is gone or was replaced, else the set patched.
+    fn patch_status(
+        &self,
+        set: &StatefulSet,
+        status: Option<String>,
+    ) -> impl Future<Output = Result<Option<StatefulSet>, kube::Error>> + Send;
+    /// The metadata of the pod holding `name` now, read live.
+    fn live_pod(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send;
+}
+
+/// Where a reconcile's writes go: the cluster ([`Kube`]), or a test's fake.
+pub(super) trait Seam: Send + Sync + 'static {
+    /// The writes of one reconcile of a set of kind `K`.
+    type Writes<'a, K: ServedSet>: SetWrites
+    where
+        Self: 'a;
+    /// The writes of one reconcile of `set`, admitted in `tenure`.
+    fn writes<'a, K: ServedSet>(
+        &'a self,
+        ctx: &'a Context,
+        set: &StatefulSet,
+        set_ref: ObjectReference,
+        tenure: Tenure,
+    ) -> Self::Writes<'a, K>;
+}
+
+/// The cluster's API server.
+pub(super) struct Kube;
+
+impl Seam for Kube {
+    type Writes<'a, K: ServedSet> = KubeCluster<'a, K>;
+    fn writes<'a, K: ServedSet>(
+        &'a self,
+        ctx: &'a Context,
+        set: &StatefulSet,
+        set_ref: ObjectReference,
+        tenure: Tenure,
+    ) -> KubeCluster<'a, K> {
+        KubeCluster::new(ctx, set, set_ref, tenure)
+    }
+}
 
 /// The real cluster seam: one namespace, events on one set of kind `K`.
 pub(super) struct KubeCluster<'a, K> {
@@ -79,48 +129,17 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
             events: &ctx.events,
-            recent: &ctx.recent,
+            recent: &ctx.remembered.recent,
             set: set_ref,
             metrics: &ctx.metrics,
             leadership: &ctx.config.leadership,
             live: tokio::sync::OnceCell::new(),
-            memory: &ctx.memory,
+            memory: &ctx.remembered.memory,
             volumes: Api::all(ctx.client.clone()),
             retained: &ctx.retained,
             id: set_id(K::KIND, set),
             tenure,
         }
-    }
-}
-
-/// Deletes the pod `name` if it still has this UID (and resourceVersion, when given), and notes
-/// a delete the API server accepted in `recent` ([`super::expectations::Deleted`]).
-pub(super) async fn delete_pod(
-    pods: &Api<Pod>,
-    metrics: &Metrics,
-    recent: &Expectations,
-    name: &str,
-    uid: &str,
-    resource_version: Option<&str>,
-) -> Result<Deleted, kube::Error> {
-    let result = pods
-        .delete(name, &preconditioned(uid, resource_version))
-        .await;
-    metrics.request("delete", "pods", &result);
-    match result {
-        Ok(_) => {
-            recent.deleted_pods.deleted(uid);
-            Ok(Deleted::Deleted)
-        }
-        Err(kube::Error::Api(s))
-            if s.code == 409
-                && resource_version.is_some()
-                && s.message.contains("ResourceVersion") =>
-        {
-            Ok(Deleted::Changed)
-        }
-        Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
-        Err(e) => Err(e),
     }
 }
 
@@ -234,15 +253,26 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         uid: &str,
         resource_version: Option<&str>,
     ) -> Result<Deleted, kube::Error> {
-        delete_pod(
-            &self.pods,
-            self.metrics,
-            self.recent,
-            name,
-            uid,
-            resource_version,
-        )
-        .await
+        let result = self
+            .pods
+            .delete(name, &preconditioned(uid, resource_version))
+            .await;
+        self.metrics.request("delete", "pods", &result);
+        match result {
+            Ok(_) => {
+                self.recent.deleted_pods.deleted(uid);
+                Ok(Deleted::Deleted)
+            }
+            Err(kube::Error::Api(s))
+                if s.code == 409
+                    && resource_version.is_some()
+                    && s.message.contains("ResourceVersion") =>
+            {
+                Ok(Deleted::Changed)
+            }
+            Err(e) if gone_or_replaced(&e) => Ok(Deleted::Gone),
+            Err(e) => Err(e),
+        }
     }
 
     async fn retain_volume(
@@ -327,15 +357,28 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         uid: &str,
         annotations: &BTreeMap<String, Option<String>>,
     ) -> Result<Patched, kube::Error> {
-        patch_claim(
-            &self.claims,
-            self.metrics,
-            self.recent,
-            name,
-            uid,
-            annotations,
-        )
-        .await
+        let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let result = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
+        self.metrics
+            .request("patch", "persistentvolumeclaims", &result);
+        match result {
+            Ok(patched) => {
+                let m = &patched.metadata;
+                self.recent.claims.wrote(
+                    m.namespace.as_deref().unwrap_or_default(),
+                    name,
+                    m.resource_version.as_deref(),
+                    ClaimEntry::of(m),
+                );
+                Ok(Patched::Done)
+            }
+            Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
+            Err(e) => Err(e),
+        }
     }
 
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
@@ -374,73 +417,33 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     }
 }
 
-/// Patches annotations of the claim `name` if it still has this UID (a precondition: a claim
-/// recreated under the name is left alone), and keeps the answer in `recent`.
-async fn patch_claim(
-    claims: &Api<PersistentVolumeClaim>,
-    metrics: &Metrics,
-    recent: &Expectations,
-    name: &str,
-    uid: &str,
-    annotations: &BTreeMap<String, Option<String>>,
-) -> Result<Patched, kube::Error> {
-    let patch = json!({"metadata": {"uid": uid, "annotations": annotations}});
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    let result = claims.patch(name, &pp, &Patch::Merge(patch)).await;
-    metrics.request("patch", "persistentvolumeclaims", &result);
-    match result {
-        Ok(patched) => {
-            let m = &patched.metadata;
-            recent.claims.wrote(
-                m.namespace.as_deref().unwrap_or_default(),
-                name,
-                m.resource_version.as_deref(),
-                ClaimEntry::of(m),
-            );
-            Ok(Patched::Done)
+impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
+    async fn patch_status(
+        &self,
+        set: &StatefulSet,
+        status: Option<String>,
+    ) -> Result<Option<StatefulSet>, kube::Error> {
+        let patch = Patch::Merge(json!({"metadata": {
+            "uid": set.metadata.uid,
+            "annotations": {annotations::STATUS: status},
+        }}));
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let result = self.sets.patch(&set.name_any(), &pp, &patch).await;
+        self.metrics.request("patch", "statefulsets", &result);
+        match result {
+            Ok(patched) => Ok(Some(patched.to_statefulset())),
+            Err(e) if gone_or_replaced(&e) => Ok(None),
+            Err(e) => Err(e),
         }
-        Err(e) if gone_or_replaced(&e) => Ok(Patched::Gone),
-        Err(e) => Err(e),
     }
-}
 
-/// Patches the status annotation of a set of `kind` (`None`: removes it), with the set's UID as
-/// a precondition: `Ok(None)` when the set is gone or was replaced, else the set as the API
-/// server returned it.
-async fn patch_status(
-    ctx: &Context,
-    kind: SetKind,
-    set: &StatefulSet,
-    status: Option<String>,
-) -> Result<Option<StatefulSet>, kube::Error> {
-    let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-    let patch = Patch::Merge(json!({"metadata": {
-        "uid": set.metadata.uid,
-        "annotations": {annotations::STATUS: status},
-    }}));
-    let pp = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
-    };
-    let client = ctx.client.clone();
-    let result = match kind {
-        SetKind::StatefulSet => Api::<StatefulSet>::namespaced(client, &ns)
-            .patch(&name, &pp, &patch)
-            .await
-            .map(|s| s.to_statefulset()),
-        SetKind::Advanced => Api::<AdvancedStatefulSet>::namespaced(client, &ns)
-            .patch(&name, &pp, &patch)
-            .await
-            .map(|s| s.to_statefulset()),
-    };
-    ctx.metrics.request("patch", "statefulsets", &result);
-    match result {
-        Ok(patched) => Ok(Some(patched)),
-        Err(e) if gone_or_replaced(&e) => Ok(None),
-        Err(e) => Err(e),
+    async fn live_pod(&self, name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+        let result = self.pods.get_opt(name).await;
+        self.metrics.request("get", "pods", &result);
+        Ok(result?.map(|p| p.metadata))
     }
 }
 
@@ -450,12 +453,13 @@ async fn patch_status(
 /// and shown to the next reconcile, which is due after the returned backoff and writes it again.
 pub(super) async fn write_status(
     ctx: &Context,
+    writes: &impl SetWrites,
     kind: SetKind,
     set: &StatefulSet,
     status: Option<String>,
     tenure: Tenure,
 ) -> Option<std::time::Duration> {
-    let memo = &ctx.statuses;
+    let memo = &ctx.remembered.statuses;
     if !memo.pending(set, tenure) && memo.status(set, tenure) == status {
         return None;
     }
@@ -464,11 +468,11 @@ pub(super) async fn write_status(
     }
     let id = set_id(kind, set);
     let seq = memo.want(set, status.clone(), tenure);
-    match patch_status(ctx, kind, set, status).await {
+    match writes.patch_status(set, status).await {
         Ok(Some(patched)) => {
             debug!("status written");
             memo.written(seq, &patched);
-            ctx.memory.update(&id, |m| m.status_failures = 0);
+            ctx.remembered.memory.update(&id, |m| m.status_failures = 0);
             None
         }
         Ok(None) => {
@@ -477,7 +481,7 @@ pub(super) async fn write_status(
             None
         }
         Err(e) => {
-            let failures = ctx.memory.update(&id, |m| {
+            let failures = ctx.remembered.memory.update(&id, |m| {
                 m.status_failures = m.status_failures.saturating_add(1);
                 m.status_failures
             });

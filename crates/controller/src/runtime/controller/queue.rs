@@ -19,6 +19,7 @@ use super::context::{Context, Error, Stopped};
 use super::kinds::wait_for_advanced;
 use super::reconcile::reconcile;
 use super::watches::{SetWatch, set_watch};
+use super::writes::Kube;
 
 use crate::set_kind::{AdvancedStatefulSet, ServedSet};
 
@@ -32,7 +33,7 @@ pub(super) fn halt_at_once(sets_listed: bool, caches_synced: bool) -> bool {
 /// the end of every set's controller.
 async fn reconcile_caught<K: ServedSet>(set: Arc<K>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = ObjectRef::from_obj(&*set);
-    match AssertUnwindSafe(reconcile::<K>(set, ctx))
+    match AssertUnwindSafe(reconcile::<K, _>(set, ctx, &Kube))
         .catch_unwind()
         .await
     {
@@ -107,7 +108,7 @@ pub(super) async fn serve<K: ServedSet>(
     // Polled once: `Store::wait_until_ready` keeps one waker, and if it is not ready the
     // controller is dropped right away, so its own wait is not needed any more.
     let listed = matches!(sets.wait_until_ready().now_or_never(), Some(Ok(())));
-    if halt_at_once(listed, *ctx.ready.borrow()) {
+    if halt_at_once(listed, *ctx.caches.ready.borrow()) {
         // No reconcile got past its wait for the caches: none acted.
         info!(
             kind,
@@ -171,9 +172,9 @@ pub(super) async fn serve_advanced(
         &ctx.client,
         ctx.scope.as_deref(),
         SetWatch {
-            in_flight: ctx.drain_pod_index.clone(),
+            in_flight: ctx.caches.drain_pod_index.clone(),
             gone: gone_tx,
-            names: Arc::clone(&ctx.advanced_names),
+            names: Arc::clone(&ctx.caches.advanced_names),
             listed: tokio::sync::watch::channel(false).0,
         },
         // Like the built-in sets: judged once the drain pods are known.
