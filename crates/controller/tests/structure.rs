@@ -2,7 +2,7 @@
 //! the domain (the planner, the act side, observe, validate and the rest) imports nothing of
 //! the runtime that drives it. A file's imports are its `use` paths and inline `crate::` and
 //! `super::` paths, test code left out; each is resolved to the file of the longest module
-//! prefix it names.
+//! prefix it names. And the runtime's size, against its budget.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -446,6 +446,32 @@ fn the_domain_imports_nothing_of_the_runtime() {
     assert!(
         upward.is_empty(),
         "the domain imports the runtime: {upward:?}"
+    );
+}
+
+/// The runtime's size budget (issue 42 §2): its production code, test items and test files left
+/// out and comment lines counted, at most 5,000 lines; the reconcile at most 200.
+#[test]
+fn the_runtime_keeps_to_its_line_budget() {
+    let files: Vec<(String, usize)> = modules()
+        .into_iter()
+        .filter(|m| m.path.first().is_some_and(|p| p == "runtime"))
+        .map(|m| (m.path.join("::"), m.text.lines().count()))
+        .collect();
+    assert!(files.len() > 10, "the runtime's files were read: {files:?}");
+    let total: usize = files.iter().map(|(_, n)| n).sum();
+    assert!(
+        total <= 5_000,
+        "runtime/ holds {total} lines of production code, over its budget of 5,000: {files:?}"
+    );
+    let reconcile = files
+        .iter()
+        .find(|(path, _)| path == "runtime::controller::reconcile")
+        .map(|(_, n)| *n)
+        .expect("runtime/controller/reconcile.rs");
+    assert!(
+        reconcile <= 200,
+        "reconcile.rs holds {reconcile} lines, over its budget of 200"
     );
 }
 

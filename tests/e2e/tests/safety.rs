@@ -492,9 +492,9 @@ async fn opting_out_mid_drain_finishes_the_drain_in_flight_and_starts_no_new_one
 }
 
 /// A controller that starts while a set that opted out (its status annotation gone too, so
-/// only its drain pod says it has a drain in flight) waits on a drain: the controller keeps only
-/// the sets that concern it, so it must know the drain pods before it judges the sets. The drain
-/// finishes, its claim and pod go, and nothing else is touched.
+/// only its drain pod says it has a drain in flight) waits on a drain: whichever of its watches
+/// lists first, the controller finds the set of that drain pod. The drain finishes, its claim and
+/// pod go, and nothing else is touched.
 #[tokio::test]
 async fn a_controller_started_after_its_set_opted_out_mid_drain_still_finishes_the_drain()
 -> Result<()> {

@@ -1,18 +1,7 @@
-//! Compact caches of the stateful pods and the claims: per namespace and name, only the fields
-//! reconciling reads.
-//!
-//! The controller must see every stateful pod and claim go, and neither a pod's labels nor a
-//! claim's name tell whether its set opted in, so it watches all of them (metadata only). A
-//! cluster holds tens of thousands, nearly all of sets that never opted in. A kube-runtime
-//! reflector store would keep each as a whole `PartialObjectMeta` (an `ObjectMeta` of about
-//! 400 bytes before its strings) under a key that copies its name, namespace, UID and
-//! resourceVersion again, plus a fingerprint map keyed by name again. These caches keep one
-//! small entry per object (its name, UID, deletion timestamp and, for claims, our drain
-//! record annotations), and the entry itself is what tells a change that matters from one
-//! that does not.
-//!
-//! They keep every stateful pod and every claim, of sets that opted in or not: a set that opts
-//! in later is planned from what is cached already.
+//! Compact caches of every stateful pod and claim, of sets that opted in or not (a set that
+//! opts in later is planned from them): per namespace and name, one small entry of the fields
+//! reconciling reads (UID, deletion, our annotations), which also tells a change that matters
+//! from one that does not. A reflector store would keep each whole `ObjectMeta`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};

@@ -17,11 +17,7 @@ use crate::set_kind::AdvancedStatefulSet;
 use events::Events;
 use kinds::tell_kruise;
 use queue::{Discovery, discover_advanced, serve, serve_advanced};
-use watches::{
-    Routes, Secondary, SetWatch, drive_all, flipped, gate_readiness, ready_when_all, set_watch,
-};
-
-use crate::runtime::set_names::SetNames;
+use watches::{Routes, Secondary, SetWatch, drive_all, gate_readiness, ready_when_all, set_watch};
 
 mod admit;
 mod api;
@@ -70,9 +66,11 @@ impl Context {
         shared: &Shared,
         scope: Option<String>,
         ready: tokio::sync::watch::Receiver<bool>,
-        advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+        (sets, advanced): (
+            Store<StatefulSet>,
+            Arc<OnceLock<Store<AdvancedStatefulSet>>>,
+        ),
         secondary: Secondary,
-        known: Known,
     ) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_owned(),
@@ -92,8 +90,7 @@ impl Context {
                 claims: secondary.claims,
                 drain_pod_index: secondary.drain_pod_index,
                 claim_index: secondary.claim_index,
-                names: known.names,
-                advanced_names: known.advanced_names,
+                sets,
                 advanced,
                 ready,
             },
@@ -114,12 +111,6 @@ impl Context {
     }
 }
 
-/// What a scope knows of its sets beyond its caches: the names of all.
-struct Known {
-    names: Arc<SetNames>,
-    advanced_names: Arc<SetNames>,
-}
-
 /// The scopes the controller runs: one per watched namespace, or one over all namespaces.
 fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
     if namespaces.is_empty() {
@@ -129,15 +120,10 @@ fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-/// Runs the controller until `shutdown` resolves; returns how it stopped.
-///
-/// Each watched namespace gets a complete, independent scope ([`run_scope`]): its own watches,
-/// caches, context and controllers. Scopes never share a cache: kube-runtime's reflector
-/// replaces its whole store at each relist, and the metadata caches forget every object a
-/// relist did not list, so one cache fed by the watches of several namespaces would lose the
-/// others' objects at each relist of one. Shared by all: the client, the metrics, leadership,
-/// the sweep of retained volumes (over the watched namespaces) and the discovery of Advanced
-/// StatefulSets. Ready once every scope is; dropped reconciles in any scope are reported.
+/// Runs the controller until `shutdown` resolves; returns how it stopped. Each watched
+/// namespace gets its own scope ([`run_scope`]: watches, caches, context, controllers), as a
+/// relist replaces a whole cache; the client, metrics, leadership, sweep and discovery are
+/// shared. Ready once every scope is.
 pub async fn run(
     client: Client,
     config: ControllerConfig,
@@ -196,16 +182,8 @@ async fn run_scope(
 ) -> Stopped {
     let ns = scope.as_deref();
     let client = &shared.client;
-    let known = Known {
-        names: Arc::default(),
-        advanced_names: Arc::default(),
-    };
-    // The sets are listed once the drain pods are: whether a set has drains in flight decides
-    // whether its cache keeps it.
-    let (drain_pods_listed, drain_pods_listed_rx) = tokio::sync::watch::channel(false);
     let (sets_listed_tx, sets_listed) = tokio::sync::watch::channel(false);
-    let (secondary, streams, released_rx) =
-        Secondary::watch(client, ns, &shared.metrics, drain_pods_listed);
+    let (secondary, streams, released_rx) = Secondary::watch(client, ns, &shared.metrics);
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
@@ -215,10 +193,8 @@ async fn run_scope(
         SetWatch {
             in_flight: secondary.drain_pod_index.clone(),
             gone: gone_tx.clone(),
-            names: Arc::clone(&known.names),
             listed: sets_listed_tx,
         },
-        flipped(drain_pods_listed_rx.clone()),
     );
     let ready = ready_tx.subscribe();
     let gate = tokio::spawn(gate_readiness(
@@ -232,9 +208,8 @@ async fn run_scope(
         &shared,
         scope.clone(),
         ready,
-        Arc::clone(&advanced_sets),
+        (sets.clone(), Arc::clone(&advanced_sets)),
         secondary,
-        known,
     ));
 
     let (routes, set_triggers, advanced_triggers) = Routes::new(
@@ -275,7 +250,7 @@ async fn run_scope(
         Arc::clone(&ctx),
         shared.discovery.clone(),
         routes.advanced.clone(),
-        (gone_tx, drain_pods_listed_rx),
+        gone_tx,
         advanced_triggers,
         shutdown,
     );

@@ -1,18 +1,8 @@
-//! Leader election, for running several replicas (`--leader-elect`).
-//!
-//! The Lease is acquired, renewed and released by [`kube_lease_manager`]. This module adds the
-//! *fence*: the check, made right before every write, of whether this replica may still act.
-//! A replica may act only while
-//! - the lease manager reports it holds the Lease, and
-//! - the Lease as last seen by this replica's own watch names it as holder, and was renewed less
-//!   than `renew_deadline` ago (by this replica's clock, which wrote that renew time).
-//!
-//! Another replica takes the Lease only once it expired: `lease_duration` after the last renew,
-//! by its own clock. A leader that cannot renew (partitioned, paused, starved) therefore stops
-//! acting `lease_duration − renew_deadline` before anyone else may start: that margin is the
-//! clock skew and delay tolerated between replicas, and no two replicas ever act at once within
-//! it. Standby replicas keep their caches warm and reconcile nothing; when one becomes the
-//! leader, every set is reconciled at once (see [`Leadership::gained`]).
+//! Leader election (`--leader-elect`): the Lease is held by [`kube_lease_manager`]; this module
+//! adds the *fence*, checked right before every write. A replica acts only while the manager
+//! says it holds the Lease and its own watch of the Lease names it, renewed less than
+//! `renew_deadline` ago by its clock; another replica takes it only `lease_duration` after the
+//! last renew, so no two act at once within that margin. Gaining the Lease reconciles every set.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -1,26 +1,7 @@
-//! The controller's Prometheus metrics (served on the admin port, see [`crate::runtime::admin`]).
-//!
-//! Labels are bounded: `namespace` and `statefulset` only for sets that opted in, never pod or
-//! claim names; a set's series go when the set is deleted ([`Metrics::retain_sets`]). Every
-//! metric is prefixed `statefulset_drain_`.
-//!
-//! | metric | type | meaning |
-//! |---|---|---|
-//! | `drains_started_total` | counter | drain pods created (every attempt) |
-//! | `drains_retried_total` | counter | of those, attempts after the first |
-//! | `drains_succeeded_total` | counter | drains proven successful (claims deleted) |
-//! | `drains_failed_total{kind}` | counter | failed attempts: `failed`, `stuck`, `stalled`, `deadline_exceeded`, `vanished`, `unproven` |
-//! | `drains_interrupted_total` | counter | drain pods that exited 0 after being asked to stop (not a success) |
-//! | `drains_gave_up_total` | counter | ordinals whose retrying stopped (limit or deadline) |
-//! | `drains_in_progress` | gauge | ordinals with a drain pod (draining or stuck) |
-//! | `quiet_drains` | gauge | drains that published no progress and changed no container state for `--quiet-after` (Warning `DrainQuiet`) |
-//! | `orphaned_claims_waiting` | gauge | ordinals whose claims wait for a drain (slot, backoff, pod still there) |
-//! | `drain_duration_seconds` | histogram | drain pod created → its containers finished, for successful drains |
-//! | `reaction_seconds` | histogram | stateful pod gone (watch event) → drain pod created, first attempts |
-//! | `reconciles_total{result}` | counter | reconciles, `ok` or `error` |
-//! | `reconcile_errors_total{reason}` | counter | failed reconciles by reason |
-//! | `leader` | gauge | `1` while this replica may act (always `1` without `--leader-elect`), else `0` |
-//! | `kube_requests_total{verb,resource,code}` | counter | the controller's own API calls (writes and reads outside the watches) by HTTP status (`0`: no answer) |
+//! The controller's Prometheus metrics, prefixed `statefulset_drain_`, served on the admin port
+//! ([`crate::runtime::admin`]). Labels are bounded: `namespace` and `statefulset` only for sets
+//! that opted in; a set's series go when the set is deleted ([`Metrics::retain_sets`]). Each
+//! family is described in docs/operations.md (a test checks the two name the same families).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;

@@ -1,19 +1,13 @@
-//! The status annotation this controller last wanted or wrote on each set, kept until the watch
-//! cache catches up with it.
-//!
-//! A reconcile reads the set (and the previous status, which carries the `done` ordinals) from
-//! the watch cache. Right after a status patch the cache can still hold the set from before it,
-//! and a reconcile that starts then would plan from the older status and write it back, losing
-//! what the patch recorded (an ordinal's `done` entry vanished). So each wanted status is
-//! remembered here from the moment it is wanted (pending: shown to every read, until written, and
-//! written again after a failure), and then the patch's answer (shown to a cached set older than
-//! it). Resource versions are compared as integers, which Kubernetes guarantees since 1.35
-//! (KEP-5504, comparable resource versions); a version that is not an integer is never taken as
-//! older. This is only a read-your-writes aid: the cluster still holds every bit of state, and a
-//! restarted controller starts with an empty memo.
+//! The status annotation this controller last wanted or wrote on each set, shown to reads from
+//! a watch cache that has not caught up with it (so a reconcile right after a patch does not
+//! plan from the older status and write it back): pending from the moment it is wanted until
+//! written (and written again after a failure), then the patch's answer, shown to a cached set
+//! older than it (resource versions compared as integers, KEP-5504). A read-your-writes aid
+//! only: a restarted controller starts with an empty memo.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use drain_api::annotations;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -44,7 +38,7 @@ struct Written {
 #[derive(Debug, Default)]
 pub struct StatusMemo {
     written: Mutex<HashMap<String, Written>>,
-    seq: std::sync::atomic::AtomicU64,
+    seq: AtomicU64,
 }
 
 fn key(set: &StatefulSet) -> String {
@@ -72,24 +66,17 @@ impl StatusMemo {
     /// pending): reads in that tenure show it until the patch lands ([`written`](Self::written))
     /// or is given up ([`abandon`](Self::abandon)). Returns the want's number.
     pub fn want(&self, set: &StatefulSet, status: Option<String>, tenure: Tenure) -> u64 {
-        let seq = self
-            .seq
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            .wrapping_add(1);
-        let uid = set.metadata.uid.clone().unwrap_or_default();
-        let mut written = self.written.lock().expect("status memo lock");
-        let entry = written.entry(key(set)).or_insert_with(|| Written {
-            uid: uid.clone(),
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let fresh = Written {
+            uid: set.metadata.uid.clone().unwrap_or_default(),
             landed: None,
             pending: None,
-        });
-        if entry.uid != uid {
+        };
+        let mut written = self.written.lock().expect("status memo lock");
+        let entry = written.entry(key(set)).or_insert_with(|| fresh.clone());
+        if entry.uid != fresh.uid {
             // A set recreated under the name: what landed on the old one says nothing.
-            *entry = Written {
-                uid,
-                landed: None,
-                pending: None,
-            };
+            *entry = fresh;
         }
         entry.pending = Some(Pending {
             seq,

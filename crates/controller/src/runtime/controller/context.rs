@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
 use super::kinds::Twin;
@@ -17,7 +17,6 @@ use crate::act::ActError;
 use crate::runtime::caches::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::{Metrics, SetLabels};
-use crate::runtime::set_names::SetNames;
 use crate::runtime::status_memo::StatusMemo;
 use crate::runtime::watch::Index;
 use crate::set_kind::{self, AdvancedStatefulSet, SetKind};
@@ -109,18 +108,16 @@ pub struct Context {
     pub(super) retained: Arc<tokio::sync::Notify>,
 }
 
-/// What the watches keep of this scope: the objects, their indexes by set, the names of every
-/// set, and whether they synced.
+/// What the watches keep of this scope: the objects, their indexes by set, and whether they
+/// synced.
 pub(super) struct Caches {
     pub(super) stateful_pods: Cache<PodEntry>,
     pub(super) drain_pods: Store<Pod>,
     pub(super) claims: Cache<ClaimEntry>,
     pub(super) drain_pod_index: Index,
     pub(super) claim_index: Index,
-    /// The names of every built-in StatefulSet.
-    pub(super) names: Arc<SetNames>,
-    /// The names of every Advanced StatefulSet (none until that kind is served).
-    pub(super) advanced_names: Arc<SetNames>,
+    /// Every built-in StatefulSet, slimmed (kube-runtime's controller reads it too).
+    pub(super) sets: Store<StatefulSet>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     /// Whether this scope's watch caches synced.
@@ -163,11 +160,17 @@ impl Context {
         }
     }
 
-    /// Whether a set of `kind` named `name` is in `ns`, per the names of the sets the watches
-    /// keep (`None`: of either kind).
+    /// Whether a set of `kind` named `name` is in `ns`, per the caches of sets (`None`: of
+    /// either kind).
     pub(super) fn set_exists(&self, kind: Option<SetKind>, ns: &str, name: &str) -> bool {
-        let builtin = || self.caches.names.contains(ns, name);
-        let advanced = || self.caches.advanced_names.contains(ns, name);
+        let builtin = || {
+            let set = ObjectRef::new(name).within(ns);
+            self.caches.sets.get(&set).is_some()
+        };
+        let advanced = || {
+            let set = ObjectRef::new(name).within(ns);
+            (self.caches.advanced.get()).is_some_and(|sets| sets.get(&set).is_some())
+        };
         match kind {
             Some(SetKind::StatefulSet) => builtin(),
             Some(SetKind::Advanced) => advanced(),

@@ -38,12 +38,10 @@ struct State<T> {
     kept: HashMap<(String, String), Kept<T>>,
 }
 
-/// The recent writes of one kind of object, by namespace and name: the API server's answer to
-/// each, read instead of the cached object while it is newer. A kept drain pod the cache does
-/// not hold is read until its watch delivers an event at or after its version (a relist does
-/// not count: kube's reflector applies a list only at its end), so a pod deleted right after we
-/// created it may be read as Pending for up to [`TTL`]: that holds back, never hastens, what
-/// the planner does with its ordinal.
+/// The recent writes of one kind of object, by name: the API server's answer to each, read
+/// instead of the cached object while newer, and while the cache lacks it until its watch
+/// delivers an event at or after its version (not a relist), for [`TTL`] at most: it holds
+/// back, never hastens, what the planner does with its ordinal.
 pub struct Recent<T> {
     state: Mutex<State<T>>,
 }
@@ -126,13 +124,10 @@ impl<T: Clone> Recent<T> {
     }
 }
 
-/// The UIDs of the pods (or the claims) we deleted, for [`TTL`] at most: a deleted drain pod is read as
-/// terminating (waited for: neither recorded on its claims nor deleted again) even while the
-/// cache still shows it as it was. Deleting a pod that was not scheduled yet removes it at once,
-/// and the API server's answer then carries no deletion timestamp nor a newer version than the
-/// cache may hold, so [`Recent`] cannot keep it. Only the flag is read, never a time: whether a
-/// drain pod finished before it was asked to stop is judged from the pod's own fields. A deleted
-/// claim is read as being deleted: no new drain starts on it, nor is it deleted again.
+/// The UIDs of the pods (or the claims) we deleted, for [`TTL`] at most: a deleted drain pod is
+/// read as terminating even while the cache shows it as it was (an unscheduled pod's delete
+/// answers with no newer version, so [`Recent`] cannot keep it); a deleted claim as being
+/// deleted: no new drain starts on it, nor is it deleted again. Only the flag is read.
 #[derive(Default)]
 pub struct Deleted {
     at: Mutex<HashMap<String, Instant>>,

@@ -1,7 +1,6 @@
-//! What the runtime remembers about each set between its reconciles, in one place. None of it is
-//! the cluster's state (that is read again at every reconcile): only the memory of our own
-//! recent actions and their outcomes. When an entry is forgotten is written once, here: as soon
-//! as it holds nothing, and when its set is gone (but for its pending withdrawals).
+//! What the runtime remembers about each set between its reconciles (our own recent actions and
+//! their outcomes, never the cluster's state), and when each entry is forgotten: once it holds
+//! nothing, and when its set is gone (but for its pending withdrawals).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;

@@ -148,16 +148,13 @@ pub(super) fn discover_advanced(client: Client, every: Duration) -> Discovery {
 }
 
 /// Serves OpenKruise's Advanced StatefulSets of the context's scope once that kind is served
-/// (`discovery` resolves) and the drain pods are listed, until `stop`; [`Stopped::Clean`] if it
+/// (`discovery` resolves), until `stop`; [`Stopped::Clean`] if it
 /// never was. Deletions and relists are told on `gone_tx`.
 pub(super) async fn serve_advanced(
     ctx: Arc<Context>,
     discovery: Discovery,
     store: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
-    (gone_tx, drain_pods_listed): (
-        mpsc::UnboundedSender<()>,
-        tokio::sync::watch::Receiver<bool>,
-    ),
+    gone_tx: mpsc::UnboundedSender<()>,
     triggers: mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
     stop: impl Future<Output = ()> + Clone + Send + Sync + 'static,
 ) -> Stopped {
@@ -174,11 +171,8 @@ pub(super) async fn serve_advanced(
         SetWatch {
             in_flight: ctx.caches.drain_pod_index.clone(),
             gone: gone_tx,
-            names: Arc::clone(&ctx.caches.advanced_names),
             listed: tokio::sync::watch::channel(false).0,
         },
-        // Like the built-in sets: judged once the drain pods are known.
-        super::watches::flipped(drain_pods_listed),
     );
     let _ = store.set(sets.clone());
     serve(Arc::clone(&ctx), sets, stream, triggers, stop).await

@@ -1,5 +1,5 @@
-//! The watches the controller runs: the sets of each kind (opted in or draining), the drain
-//! pods, the stateful pods and the claims; what a change of each is fingerprinted by; which sets
+//! The watches the controller runs: the sets of each kind, the drain pods, the stateful pods
+//! and the claims; what a change of each is fingerprinted by; which sets
 //! it is routed to ([`Routes`]); and the readiness gate that waits for their caches.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +24,6 @@ use super::kinds::Released;
 
 use crate::runtime::caches::{Cache, ClaimEntry, Indexed, PodEntry};
 use crate::runtime::metrics::Metrics;
-use crate::runtime::set_names::SetNames;
 use crate::runtime::watch;
 use crate::runtime::watch::{Filter, Index, SetKey};
 use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
@@ -40,12 +39,9 @@ pub(super) struct Synced {
     pub(super) claims: Cache<ClaimEntry>,
 }
 
-/// Flips `ready` once the built-in StatefulSets have been listed and every secondary cache has
-/// synced. The drain pod store gets exactly one waiter, this task: `Store::wait_until_ready`
-/// wakes only one of several concurrent waiters, and kube-runtime's controller (`serve`) waits on the
-/// StatefulSet store, so the sets' listing is seen through their watch's events instead.
-/// OpenKruise's Advanced StatefulSets, served or not, do not hold readiness. `scope` is the
-/// namespace the caches hold (`None`: all), for the log.
+/// Flips `ready` once the built-in StatefulSets are listed (seen through their watch's events:
+/// `Store::wait_until_ready` wakes one waiter only, and the controller waits on that store) and
+/// every secondary cache synced; Advanced StatefulSets do not hold it. `scope`: for the log.
 pub(super) async fn gate_readiness(
     caches: Synced,
     scope: Option<String>,
@@ -62,12 +58,12 @@ pub(super) async fn gate_readiness(
         caches
             .stateful_pods
             .wait_until_ready()
-            .map(|r| r.map_err(|_| ())),
+            .map(|r| r.map_err(drop)),
         caches
             .drain_pods
             .wait_until_ready()
-            .map(|r| r.map_err(|_| ())),
-        caches.claims.wait_until_ready().map(|r| r.map_err(|_| ())),
+            .map(|r| r.map_err(drop)),
+        caches.claims.wait_until_ready().map(|r| r.map_err(drop)),
     );
     if synced.is_ok() {
         info!(
@@ -154,24 +150,17 @@ pub(super) fn slim_drain_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
 }
 
-pub(super) fn opted_in_ref<K: ServedSet>(
+/// The set `name` in `ns`, if it is cached and (unless `any`) opted in.
+fn cached_ref<K: ServedSet>(
     sets: &Store<K>,
     name: &str,
     ns: &str,
+    any: bool,
 ) -> Option<ObjectRef<K>> {
     let r = ObjectRef::new(name).within(ns);
-    sets.get(&r)
-        .filter(|s| set_kind::opted_in(s.meta()))
+    (sets.get(&r))
+        .filter(|s| any || set_kind::opted_in(s.meta()))
         .map(|_| r)
-}
-
-pub(super) fn any_set_ref<K: ServedSet>(
-    sets: &Store<K>,
-    name: &str,
-    ns: &str,
-) -> Option<ObjectRef<K>> {
-    let r = ObjectRef::new(name).within(ns);
-    sets.get(&r).map(|_| r)
 }
 
 /// The sets of either kind that changes of pods and claims are routed to: each kind's cache of
@@ -218,7 +207,7 @@ impl Routes {
         for o in owners.filter(|o| o.kind == "StatefulSet" && o.controller == Some(true)) {
             match SetKind::of_api_version(&o.api_version) {
                 Some(SetKind::StatefulSet) => {
-                    if let Some(r) = opted_in_ref(&self.sets, &o.name, &ns) {
+                    if let Some(r) = cached_ref(&self.sets, &o.name, &ns, false) {
                         debug!(pod = ?pod.metadata.name, statefulset = %o.name, "stateful pod changed: its set triggered");
                         let _ = self.to_sets.send(r);
                     }
@@ -227,7 +216,7 @@ impl Routes {
                     if let Some(r) = self
                         .advanced
                         .get()
-                        .and_then(|s| opted_in_ref(s, &o.name, &ns))
+                        .and_then(|s| cached_ref(s, &o.name, &ns, false))
                     {
                         let _ = self.to_advanced.send(r);
                     }
@@ -245,10 +234,14 @@ impl Routes {
             return;
         };
         debug!(pod = ?pod.metadata.name, statefulset = %set, "drain pod changed: its set triggered");
-        if let Some(r) = any_set_ref(&self.sets, set, &ns) {
+        if let Some(r) = cached_ref(&self.sets, set, &ns, true) {
             let _ = self.to_sets.send(r);
         }
-        if let Some(r) = self.advanced.get().and_then(|s| any_set_ref(s, set, &ns)) {
+        if let Some(r) = self
+            .advanced
+            .get()
+            .and_then(|s| cached_ref(s, set, &ns, true))
+        {
             let _ = self.to_advanced.send(r);
         }
     }
@@ -273,18 +266,15 @@ impl Routes {
     }
 }
 
-pub(super) fn claim_ref<K: ServedSet>(
+/// The set `set` in `ns` that `claim` is a claim of, if it is cached and opted in or `draining`.
+fn claim_ref<K: ServedSet>(
     sets: &Store<K>,
     claim: &str,
     set: &str,
     ns: &str,
     draining: bool,
 ) -> Option<ObjectRef<K>> {
-    let r = if draining {
-        any_set_ref(sets, set, ns)?
-    } else {
-        opted_in_ref(sets, set, ns)?
-    };
+    let r = cached_ref(sets, set, ns, draining)?;
     let found = sets.get(&r)?;
     observe::parse_claim_name(claim, set, &found.claim_templates()).map(|_| r)
 }
@@ -308,29 +298,13 @@ pub(super) struct Secondary {
     pub(super) claim_index: Index,
 }
 
-/// Resolves once `flag` is `true` (or its sender is gone).
-pub(super) async fn flipped(mut flag: tokio::sync::watch::Receiver<bool>) {
-    let _ = flag.wait_for(|f| *f).await;
-}
-
-/// `events`, started only once `gate` resolves.
-fn after<S: Stream>(gate: impl Future<Output = ()>, events: S) -> impl Stream<Item = S::Item> {
-    futures::stream::once(async move {
-        gate.await;
-        events
-    })
-    .flatten()
-}
-
 impl Secondary {
     /// Starts the watches (they run once their streams are driven): the caches, the streams,
-    /// and the drain pods released to OpenKruise that were deleted ([`tell_kruise`]);
-    /// `drain_pods_listed` flips once the drain pods are listed.
+    /// and the drain pods released to OpenKruise that were deleted ([`tell_kruise`]).
     pub(super) fn watch(
         client: &Client,
         ns: Option<&str>,
         metrics: &Arc<Metrics>,
-        drain_pods_listed: tokio::sync::watch::Sender<bool>,
     ) -> (Self, Streams, mpsc::UnboundedReceiver<Released>) {
         let (drain_pod_index, claim_index) = (Index::default(), Index::default());
         let (released_tx, released) = mpsc::unbounded_channel();
@@ -350,7 +324,6 @@ impl Secondary {
                 drain_pod_index.clone(),
                 released_tx,
                 Arc::clone(&recent),
-                drain_pods_listed,
             )
             .boxed(),
             claim_watch(client, ns, &claims).boxed(),
@@ -423,54 +396,17 @@ pub(super) struct SetWatch {
     pub(super) in_flight: Index,
     /// Told of each deletion and each (re)list (see [`Context::forget_gone_sets`]).
     pub(super) gone: mpsc::UnboundedSender<()>,
-    /// The names of every set of this kind.
-    pub(super) names: Arc<SetNames>,
     /// Flipped once the sets are listed.
     pub(super) listed: tokio::sync::watch::Sender<bool>,
 }
 
-/// Of the events of one kind of set's watch, those of the sets that concern us (opted in, with
-/// drains in flight, or with a status of ours), so that the cache holds only them; a set that
-/// stops concerning us is deleted from the cache.
-struct Concerning<K: ServedSet> {
-    in_flight: Index,
-    cached: Store<K>,
-}
-
-impl<K: ServedSet> Concerning<K> {
-    fn concerns(&self, set: &K) -> bool {
-        let (ns, name) = (set.namespace().unwrap_or_default(), set.name_any());
-        let draining = !self.in_flight.names(&ns, &name).is_empty();
-        set_kind::concerns_us(set.meta(), draining)
-    }
-
-    fn on(&mut self, event: watcher::Event<K>) -> Option<watcher::Event<K>> {
-        match event {
-            watcher::Event::Apply(set) => {
-                if self.concerns(&set) {
-                    return Some(watcher::Event::Apply(set));
-                }
-                // Deleted from the cache if it was there (it concerned us until now).
-                let cached = self.cached.get(&ObjectRef::from_obj(&set)).is_some();
-                cached.then_some(watcher::Event::Delete(set))
-            }
-            watcher::Event::InitApply(set) => self
-                .concerns(&set)
-                .then_some(watcher::Event::InitApply(set)),
-            other => Some(other),
-        }
-    }
-}
-
-/// The watch of one kind of set, started once `start` resolves: its cache (of the sets that
-/// concern us, [`Concerning`]), the stream of changes of those sets, and `shared.listed`
-/// flipped once the sets have been listed. Each deletion and each (re)list, once in the cache,
-/// is told on `gone`; every set's name is kept in `names`.
+/// The watch of one kind of set: its cache (every set, slimmed: [`ServedSet::slim`]), the
+/// stream of changes of the sets that concern us, and `shared.listed` flipped once the sets
+/// have been listed. Each deletion and each (re)list, once in the cache, is told on `gone`.
 pub(super) fn set_watch<K: ServedSet>(
     client: &Client,
     ns: Option<&str>,
     shared: SetWatch,
-    start: impl Future<Output = ()> + Send + 'static,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -478,19 +414,12 @@ pub(super) fn set_watch<K: ServedSet>(
     let SetWatch {
         in_flight,
         gone,
-        names,
         listed,
     } = shared;
     let (sets, writer) = reflector::store();
-    let mut concerning = Concerning {
-        in_flight: in_flight.clone(),
-        cached: sets.clone(),
-    };
     let events = watcher(api::<K>(client, ns), list_in_pages(LIST_PAGE_SETS))
         .default_backoff()
         .modify(K::slim)
-        .inspect_ok(move |event| names.on(event))
-        .try_filter_map(move |event| future::ready(Ok(concerning.on(event))))
         .reflect(writer)
         .inspect_ok(move |event| match event {
             watcher::Event::InitDone => {
@@ -503,7 +432,7 @@ pub(super) fn set_watch<K: ServedSet>(
             _ => {}
         });
     let stream = watch::changes(
-        after(start, events),
+        events,
         Filter {
             fingerprint: set_fingerprint::<K>,
             sets: |_| Vec::new(),
@@ -519,8 +448,7 @@ pub(super) fn set_watch<K: ServedSet>(
     (sets, stream)
 }
 
-/// The watch of drain pods (label `DRAIN_POD`), slimmed, into `writer`'s store and `index`;
-/// `listed` flips once they are listed.
+/// The watch of drain pods (label `DRAIN_POD`), slimmed, into `writer`'s store and `index`.
 /// Each deleted drain pod that had been released to OpenKruise is told on `released`; each one
 /// passed on outside a relist is marked seen in `recent` (a drain pod passed on is in the cache
 /// and the index, except during a relist: kube's reflector applies a list only at its end).
@@ -531,7 +459,6 @@ pub(super) fn drain_pod_watch(
     index: Index,
     released: mpsc::UnboundedSender<Released>,
     recent: Arc<Expectations>,
-    listed: tokio::sync::watch::Sender<bool>,
 ) -> impl Stream<Item = Result<Pod, watcher::Error>> + Send + use<> {
     let relisting = Arc::new(AtomicBool::new(false));
     let events = watcher(
@@ -552,10 +479,7 @@ pub(super) fn drain_pod_watch(
         let relisting = Arc::clone(&relisting);
         move |event| match event {
             watcher::Event::Init => relisting.store(true, Ordering::Relaxed),
-            watcher::Event::InitDone => {
-                relisting.store(false, Ordering::Relaxed);
-                listed.send_replace(true);
-            }
+            watcher::Event::InitDone => relisting.store(false, Ordering::Relaxed),
             _ => {}
         }
     });

@@ -15,10 +15,9 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use super::context::Context;
-use super::events::{Events, publish};
-use super::expectations::Expectations;
+use super::events::publish;
 use super::kinds::{Twin, wants};
-use super::memory::{Memory, SetId, Withdrawal, set_id};
+use super::memory::{SetId, Withdrawal, set_id};
 use super::watches::slim_drain_pod;
 
 use super::api::{gone_or_replaced, ok_if_gone, preconditioned};
@@ -27,8 +26,7 @@ use crate::identity::FIELD_MANAGER;
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
 use crate::runtime::caches::ClaimEntry;
-use crate::runtime::leader::{Leadership, Tenure};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::leader::Tenure;
 use crate::set_kind::{ServedSet, SetKind};
 use crate::{observe, retain};
 
@@ -89,27 +87,19 @@ pub(super) struct KubeCluster<'a, K> {
     pub(super) twin: Option<Twin>,
     pub(super) pods: Api<Pod>,
     pub(super) claims: Api<PersistentVolumeClaim>,
-    pub(super) events: &'a Events,
-    /// Where our writes of drain pods and claims are kept until their watches deliver them.
-    pub(super) recent: &'a Expectations,
+    /// The context's events, expectations, memory, metrics, fence and sweep.
+    pub(super) ctx: &'a Context,
     pub(super) set: ObjectReference,
-    pub(super) metrics: &'a Metrics,
-    pub(super) leadership: &'a Leadership,
     /// The live reads that confirm a drain pod's create (the set; whether a set of the other
     /// kind has its name), made once per act phase, after the first create answers or before it: a
     /// scale-down by several ordinals creates their drain pods at once, and one read serves them
     /// all (a failed read is not kept).
     pub(super) live: tokio::sync::OnceCell<(Option<K>, bool)>,
-    /// What is remembered per set ([`Context`]'s): unconfirmed creates, pending withdrawals,
-    /// names taken by hand.
-    pub(super) memory: &'a Memory,
     /// The volumes, for retention (cluster-scoped).
     pub(super) volumes: Api<PersistentVolume>,
-    /// Wakes the sweep of retained volumes ([`Context`]'s).
-    pub(super) retained: &'a tokio::sync::Notify,
-    /// This set's key in all three.
+    /// This set's key in the memory.
     pub(super) id: SetId,
-    /// The tenure of the Lease its reconcile was admitted in ([`Leadership::fence`]): it acts
+    /// The tenure of the Lease its reconcile was admitted in ([`crate::runtime::leader::Leadership::fence`]): it acts
     /// only while this replica holds the Lease in it, and its withdrawals are kept for it.
     pub(super) tenure: Tenure,
 }
@@ -128,15 +118,10 @@ impl<'a, K: ServedSet> KubeCluster<'a, K> {
             twin: ctx.twin_api(K::KIND, &ns),
             pods: Api::namespaced(ctx.client.clone(), &ns),
             claims: Api::namespaced(ctx.client.clone(), &ns),
-            events: &ctx.events,
-            recent: &ctx.remembered.recent,
+            ctx,
             set: set_ref,
-            metrics: &ctx.metrics,
-            leadership: &ctx.config.leadership,
             live: tokio::sync::OnceCell::new(),
-            memory: &ctx.remembered.memory,
             volumes: Api::all(ctx.client.clone()),
-            retained: &ctx.retained,
             id: set_id(K::KIND, set),
             tenure,
         }
@@ -154,11 +139,11 @@ impl<K: ServedSet> KubeCluster<'_, K> {
                 let sent = std::time::Instant::now();
                 let (result, twin) = futures::join!(self.sets.get_opt(&name), async {
                     match &self.twin {
-                        Some(twin) => twin.exists(&name, self.metrics).await,
+                        Some(twin) => twin.exists(&name, &self.ctx.metrics).await,
                         None => Ok(false),
                     }
                 });
-                self.metrics.request("get", "statefulsets", &result);
+                self.ctx.metrics.request("get", "statefulsets", &result);
                 debug!(took = ?sent.elapsed(), "live read of the set answered");
                 Ok::<_, kube::Error>((result?, twin?))
             })
@@ -179,16 +164,16 @@ impl<K: ServedSet> KubeCluster<'_, K> {
 
 impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     fn may_act(&self) -> bool {
-        self.leadership.fence() == Some(self.tenure)
+        self.ctx.config.leadership.fence() == Some(self.tenure)
     }
 
     fn confirm_first(&self) -> bool {
-        self.memory.read(&self.id, |m| m.unconfirmed)
+        self.ctx.remembered.memory.read(&self.id, |m| m.unconfirmed)
     }
 
     async fn name_taken(&self, ordinal: i32, name: &str) {
         let result = self.pods.get_opt(name).await;
-        self.metrics.request("get", "pods", &result);
+        self.ctx.metrics.request("get", "pods", &result);
         let pod = match result {
             Ok(Some(pod)) => pod,
             Ok(None) => return,
@@ -208,12 +193,14 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             return;
         };
         warn!(pod = name, %uid, "a pod made neither by the set nor by this controller holds the drain pod's name; the ordinal is blocked until it goes");
-        self.memory
+        self.ctx
+            .remembered
+            .memory
             .update(&self.id, |m| m.taken.insert(ordinal, uid));
     }
 
     fn withdraw_later(&self, name: &str, uid: &str) {
-        self.memory.update(&self.id, |m| {
+        self.ctx.remembered.memory.update(&self.id, |m| {
             m.withdrawing.insert(
                 uid.to_owned(),
                 Withdrawal {
@@ -232,14 +219,18 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         let sent = std::time::Instant::now();
         let result = self.pods.create(&pp, pod).await;
         debug!(pod = ?pod.metadata.name, took = ?sent.elapsed(), "drain pod create answered");
-        self.metrics.request("create", "pods", &result);
+        self.ctx.metrics.request("create", "pods", &result);
         match result {
             Ok(mut p) => {
                 let uid = p.metadata.uid.clone().unwrap_or_default();
                 slim_drain_pod(&mut p);
                 let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
                 let version = p.metadata.resource_version.clone();
-                self.recent.pods.wrote(&ns, &name, version.as_deref(), p);
+                self.ctx
+                    .remembered
+                    .recent
+                    .pods
+                    .wrote(&ns, &name, version.as_deref(), p);
                 Ok(Created::Uid(uid))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::AlreadyExists),
@@ -257,10 +248,10 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             .pods
             .delete(name, &preconditioned(uid, resource_version))
             .await;
-        self.metrics.request("delete", "pods", &result);
+        self.ctx.metrics.request("delete", "pods", &result);
         match result {
             Ok(_) => {
-                self.recent.deleted_pods.deleted(uid);
+                self.ctx.remembered.recent.deleted_pods.deleted(uid);
                 Ok(Deleted::Deleted)
             }
             Err(kube::Error::Api(s))
@@ -282,7 +273,8 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         until: Timestamp,
     ) -> Result<Retained, RetainError> {
         let result = self.claims.get_opt(&claim.name).await;
-        self.metrics
+        self.ctx
+            .metrics
             .request("get", "persistentvolumeclaims", &result);
         let live = match result {
             Ok(Some(c)) if c.metadata.uid.as_deref() == Some(claim.uid.as_str()) => c,
@@ -307,7 +299,9 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             source,
         };
         let result = self.volumes.get_opt(&volume).await;
-        self.metrics.request("get", "persistentvolumes", &result);
+        self.ctx
+            .metrics
+            .request("get", "persistentvolumes", &result);
         let Some(pv) = result.map_err(|e| api_error("read", e))? else {
             return Ok(Retained::NoVolume);
         };
@@ -327,9 +321,11 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
                     ..PatchParams::default()
                 };
                 let result = self.volumes.patch(&volume, &pp, &Patch::Merge(patch)).await;
-                self.metrics.request("patch", "persistentvolumes", &result);
+                self.ctx
+                    .metrics
+                    .request("patch", "persistentvolumes", &result);
                 result.map_err(|e| api_error("patch", e))?;
-                self.retained.notify_one();
+                self.ctx.retained.notify_one();
                 Ok(Retained::Marked { volume })
             }
             retain::Marking::Already => Ok(Retained::Marked { volume }),
@@ -341,12 +337,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         let sent = std::time::Instant::now();
         let result = self.claims.delete(name, &preconditioned(uid, None)).await;
         debug!(claim = %name, took = ?sent.elapsed(), "claim delete answered");
-        self.metrics
+        self.ctx
+            .metrics
             .request("delete", "persistentvolumeclaims", &result);
         let result = ok_if_gone(result.map(|_| ()));
         if result.is_ok() {
             // Deleted, or gone already: either way not to be drained again.
-            self.recent.deleted_claims.deleted(uid);
+            self.ctx.remembered.recent.deleted_claims.deleted(uid);
         }
         result
     }
@@ -363,12 +360,13 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             ..PatchParams::default()
         };
         let result = self.claims.patch(name, &pp, &Patch::Merge(patch)).await;
-        self.metrics
+        self.ctx
+            .metrics
             .request("patch", "persistentvolumeclaims", &result);
         match result {
             Ok(patched) => {
                 let m = &patched.metadata;
-                self.recent.claims.wrote(
+                self.ctx.remembered.recent.claims.wrote(
                     m.namespace.as_deref().unwrap_or_default(),
                     name,
                     m.resource_version.as_deref(),
@@ -384,13 +382,16 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
     async fn still_orphaned(&self, ordinal: i32) -> Result<bool, kube::Error> {
         let answer = self.read_orphaned(ordinal).await;
         let confirmed = matches!(answer, Ok(true));
-        self.memory.update(&self.id, |m| m.unconfirmed = !confirmed);
+        self.ctx
+            .remembered
+            .memory
+            .update(&self.id, |m| m.unconfirmed = !confirmed);
         answer
     }
 
     async fn pod_uid(&self, name: &str) -> Result<Option<String>, kube::Error> {
         let result = self.pods.get_opt(name).await;
-        self.metrics.request("get", "pods", &result);
+        self.ctx.metrics.request("get", "pods", &result);
         Ok(result?.and_then(|p| p.metadata.uid))
     }
 
@@ -407,7 +408,7 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
             },
         };
         publish(
-            self.events,
+            &self.ctx.events,
             &reference,
             event.severity,
             event.reason,
@@ -432,7 +433,7 @@ impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
             ..PatchParams::default()
         };
         let result = self.sets.patch(&set.name_any(), &pp, &patch).await;
-        self.metrics.request("patch", "statefulsets", &result);
+        self.ctx.metrics.request("patch", "statefulsets", &result);
         match result {
             Ok(patched) => Ok(Some(patched.to_statefulset())),
             Err(e) if gone_or_replaced(&e) => Ok(None),
@@ -442,7 +443,7 @@ impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
 
     async fn live_pod(&self, name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
         let result = self.pods.get_opt(name).await;
-        self.metrics.request("get", "pods", &result);
+        self.ctx.metrics.request("get", "pods", &result);
         Ok(result?.map(|p| p.metadata))
     }
 }
