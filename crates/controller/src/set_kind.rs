@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 
 use drain_api::annotations;
 use drain_api::names::{BadReservedOrdinal, OrdinalRange, reserved_ordinals};
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetOrdinals, StatefulSetSpec};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
@@ -143,10 +144,10 @@ pub fn concerns_us(meta: &ObjectMeta, drains_in_flight: bool) -> bool {
             .is_some_and(|a| a.contains_key(annotations::STATUS))
 }
 
-/// Keeps only what reconciling needs of a set: everything of an opted-in set but its managed
-/// fields and last-applied copy; of the others, what finishing a drain in flight needs (identity,
-/// replicas, ordinals, claim template names, the status annotation).
-fn slim_parts(meta: &mut ObjectMeta, spec: Option<&mut StatefulSetSpec>) -> bool {
+/// Keeps only what reconciling needs of a set's metadata (everything of an opted-in set but its
+/// managed fields and last-applied copy; of the others, identity and our status) and says
+/// whether it opted in.
+fn slim_meta(meta: &mut ObjectMeta) -> bool {
     meta.managed_fields = None;
     if opted_in(meta) {
         if let Some(a) = meta.annotations.as_mut() {
@@ -158,37 +159,137 @@ fn slim_parts(meta: &mut ObjectMeta, spec: Option<&mut StatefulSetSpec>) -> bool
         a.retain(|k, _| k == annotations::STATUS);
     }
     meta.labels = None;
-    if let Some(spec) = spec {
-        let templates = spec.volume_claim_templates.take().map(|ts| {
-            ts.into_iter()
-                .map(|t| k8s_openapi::api::core::v1::PersistentVolumeClaim {
-                    metadata: ObjectMeta {
-                        name: t.metadata.name,
-                        ..ObjectMeta::default()
-                    },
-                    ..Default::default()
-                })
-                .collect()
-        });
-        *spec = StatefulSetSpec {
-            replicas: spec.replicas,
-            ordinals: spec.ordinals.take(),
-            volume_claim_templates: templates,
-            ..Default::default()
-        };
-    }
+    meta.owner_references = None;
+    meta.finalizers = None;
     false
 }
 
-impl ServedSet for StatefulSet {
+/// A built-in StatefulSet as the controller caches it: slimmed as it is decoded
+/// ([`slim_meta`]), an opted-in set's spec kept whole, any other set's as its [`Outline`]. Every
+/// set of the cluster is cached, and a `StatefulSet` value is about 3 KiB before its strings
+/// (mostly the pod template's empty fields): 5,000 sets kept whole cost ~20 MiB.
+#[derive(Clone, Debug)]
+pub struct CachedStatefulSet {
+    /// Standard metadata, slimmed.
+    pub metadata: ObjectMeta,
+    spec: Kept,
+}
+
+#[derive(Clone, Debug)]
+enum Kept {
+    Whole(Box<StatefulSetSpec>),
+    Outline(Outline),
+}
+
+/// What finishing a drain in flight needs of a set that did not opt in.
+#[derive(Clone, Debug)]
+struct Outline {
+    replicas: Option<i32>,
+    ordinals: Option<StatefulSetOrdinals>,
+    claim_templates: Vec<String>,
+}
+
+impl Outline {
+    fn of(spec: &StatefulSetSpec) -> Self {
+        Self {
+            replicas: spec.replicas,
+            ordinals: spec.ordinals.clone(),
+            claim_templates: templates_of(Some(spec)),
+        }
+    }
+
+    /// The outline as a spec: the fields it holds, the claim templates by name only.
+    fn spec(&self) -> StatefulSetSpec {
+        let templates = (self.claim_templates.iter())
+            .map(|name| PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                ..PersistentVolumeClaim::default()
+            })
+            .collect();
+        StatefulSetSpec {
+            replicas: self.replicas,
+            ordinals: self.ordinals.clone(),
+            volume_claim_templates: Some(templates),
+            ..StatefulSetSpec::default()
+        }
+    }
+}
+
+impl From<StatefulSet> for CachedStatefulSet {
+    fn from(set: StatefulSet) -> Self {
+        let StatefulSet {
+            mut metadata, spec, ..
+        } = set;
+        let spec = spec.unwrap_or_default();
+        let spec = if slim_meta(&mut metadata) {
+            Kept::Whole(Box::new(spec))
+        } else {
+            Kept::Outline(Outline::of(&spec))
+        };
+        Self { metadata, spec }
+    }
+}
+
+impl<'de> Deserialize<'de> for CachedStatefulSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        StatefulSet::deserialize(d).map(Self::from)
+    }
+}
+
+impl Resource for CachedStatefulSet {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        <StatefulSet as k8s_openapi::Resource>::KIND.into()
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        <StatefulSet as k8s_openapi::Resource>::GROUP.into()
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        <StatefulSet as k8s_openapi::Resource>::VERSION.into()
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        <StatefulSet as k8s_openapi::Resource>::URL_PATH_SEGMENT.into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl ServedSet for CachedStatefulSet {
     const KIND: SetKind = SetKind::StatefulSet;
 
     fn to_statefulset(&self) -> StatefulSet {
-        self.clone()
+        let spec = match &self.spec {
+            Kept::Whole(spec) => StatefulSetSpec::clone(spec),
+            Kept::Outline(o) => o.spec(),
+        };
+        StatefulSet {
+            metadata: self.metadata.clone(),
+            spec: Some(spec),
+            status: None,
+        }
     }
 
     fn ordinals(&self) -> Result<OrdinalRange, BadReservedOrdinal> {
-        Ok(range_of(self.spec.as_ref()))
+        Ok(match &self.spec {
+            Kept::Whole(spec) => range_of(Some(spec)),
+            Kept::Outline(o) => {
+                OrdinalRange::new(o.ordinals.as_ref().and_then(|o| o.start), o.replicas)
+            }
+        })
     }
 
     fn default_max_concurrent(&self) -> Option<u32> {
@@ -196,12 +297,14 @@ impl ServedSet for StatefulSet {
     }
 
     fn claim_templates(&self) -> Vec<String> {
-        templates_of(self.spec.as_ref())
+        match &self.spec {
+            Kept::Whole(spec) => templates_of(Some(spec)),
+            Kept::Outline(o) => o.claim_templates.clone(),
+        }
     }
 
     fn slim(&mut self) {
-        self.status = None;
-        slim_parts(&mut self.metadata, self.spec.as_mut());
+        // Slimmed as it is decoded.
     }
 }
 
@@ -321,8 +424,10 @@ impl ServedSet for AdvancedStatefulSet {
     }
 
     fn slim(&mut self) {
-        let kept = slim_parts(&mut self.metadata, self.spec.as_mut().map(|s| &mut s.base));
-        if !kept && let Some(spec) = self.spec.as_mut() {
+        if !slim_meta(&mut self.metadata)
+            && let Some(spec) = self.spec.as_mut()
+        {
+            spec.base = Outline::of(&spec.base).spec();
             spec.scale_strategy = None;
         }
     }
@@ -409,7 +514,11 @@ mod tests {
         let mut spec = base_spec();
         spec["ordinals"] = json!({"start": 0});
         assert!(advanced(spec).start_fallback().is_none());
-        assert!(StatefulSet::default().start_fallback().is_none());
+        assert!(
+            CachedStatefulSet::from(StatefulSet::default())
+                .start_fallback()
+                .is_none()
+        );
     }
 
     #[test]
@@ -453,6 +562,62 @@ mod tests {
         assert_eq!(set.ordinals().unwrap().iter().collect::<Vec<_>>(), [0, 2]);
         assert_eq!(set.claim_templates(), ["data"]);
         assert!(set.spec.as_ref().unwrap().base.template.spec.is_none());
+    }
+
+    fn builtin(annotations: serde_json::Value) -> CachedStatefulSet {
+        let mut spec = base_spec();
+        spec["ordinals"] = json!({"start": 2});
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u", "generation": 3,
+                         "labels": {"app": "web"}, "annotations": annotations,
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": spec,
+            "status": {"replicas": 2},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cached_set_that_did_not_opt_in_keeps_its_outline_and_our_status_only() {
+        let set = builtin(json!({annotations::STATUS: "s", "example.com/owner": "x"}));
+        assert_eq!(set.ordinals().unwrap().iter().collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(set.claim_templates(), ["data"]);
+        let sts = set.to_statefulset();
+        let spec = sts.spec.unwrap();
+        assert_eq!((spec.replicas, spec.template.spec), (Some(2), None));
+        assert_eq!(spec.service_name, None);
+        let meta = &sts.metadata;
+        assert_eq!((meta.uid.as_deref(), meta.generation), (Some("u"), Some(3)));
+        assert_eq!(meta.labels, None);
+        assert_eq!(meta.managed_fields, None);
+        let kept: Vec<&String> = meta.annotations.iter().flatten().map(|(k, _)| k).collect();
+        assert_eq!(kept, [annotations::STATUS]);
+    }
+
+    #[test]
+    fn a_cached_set_that_opted_in_keeps_its_whole_spec() {
+        let set = builtin(json!({annotations::DRAINER_POD_TEMPLATE: "{}"}));
+        let sts = set.to_statefulset();
+        let spec = sts.spec.as_ref().unwrap();
+        assert_eq!(spec.service_name.as_deref(), Some("web"));
+        assert_eq!(spec.template.spec.as_ref().unwrap().containers[0].name, "c");
+        assert_eq!(sts.metadata.labels.unwrap()["app"], "web");
+        assert_eq!(sts.metadata.managed_fields, None);
+        assert_eq!(set.ordinals().unwrap().iter().collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(set.claim_templates(), ["data"]);
+    }
+
+    #[test]
+    fn a_cached_set_reads_the_same_whether_it_opted_in_or_not() {
+        let opted_in = builtin(json!({annotations::DRAINER_POD_TEMPLATE: "{}"}));
+        let outline = builtin(json!({}));
+        assert_eq!(opted_in.ordinals().unwrap(), outline.ordinals().unwrap());
+        assert_eq!(opted_in.claim_templates(), outline.claim_templates());
+        let (a, b) = (opted_in.to_statefulset(), outline.to_statefulset());
+        let (a, b) = (a.spec.unwrap(), b.spec.unwrap());
+        assert_eq!((a.replicas, a.ordinals), (b.replicas, b.ordinals));
     }
 
     #[rstest]

@@ -1,9 +1,11 @@
 //! Compact caches of every stateful pod and claim, of sets that opted in or not (a set that
 //! opts in later is planned from them): per namespace and name, one small entry of the fields
 //! reconciling reads (UID, deletion, our annotations), which also tells a change that matters
-//! from one that does not. A reflector store would keep each whole `ObjectMeta`.
+//! from one that does not. A reflector store would keep each whole `ObjectMeta`. Names are kept
+//! in order, so a set's claims are found by their prefix (`<template>-<set>-`) without an index.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
 use drain_api::claim_annotations;
@@ -13,8 +15,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
-
-use crate::runtime::watch::{Index, SetKey};
 
 /// An object whose cached entry is compact.
 pub trait Compact {
@@ -181,7 +181,7 @@ struct Slot<E> {
 }
 
 struct Inner<E> {
-    by_namespace: HashMap<Box<str>, HashMap<Box<str>, Slot<E>>>,
+    by_namespace: HashMap<Box<str>, BTreeMap<Box<str>, Slot<E>>>,
     /// Counts the watch's (re)lists: at the end of one, the objects it did not list are gone.
     epoch: u32,
 }
@@ -190,8 +190,6 @@ struct Inner<E> {
 pub struct Cache<E> {
     inner: Arc<RwLock<Inner<E>>>,
     synced: Arc<tokio::sync::watch::Sender<bool>>,
-    /// The index kept of the cached objects, if any.
-    indexed: Option<Indexed>,
 }
 
 impl<E> Clone for Cache<E> {
@@ -199,27 +197,18 @@ impl<E> Clone for Cache<E> {
         Self {
             inner: Arc::clone(&self.inner),
             synced: Arc::clone(&self.synced),
-            indexed: self.indexed.clone(),
         }
     }
 }
 
 impl<E> Default for Cache<E> {
     fn default() -> Self {
-        Self::new(None)
-    }
-}
-
-impl<E> Cache<E> {
-    /// An empty cache, keeping `indexed`'s index of its objects.
-    pub fn new(indexed: Option<Indexed>) -> Self {
         Self {
             inner: Arc::new(RwLock::new(Inner {
                 by_namespace: HashMap::new(),
                 epoch: 0,
             })),
             synced: Arc::new(tokio::sync::watch::channel(false).0),
-            indexed,
         }
     }
 }
@@ -244,15 +233,6 @@ fn forget<E>(inner: &mut Inner<E>, namespace: &str, name: &str) {
 #[error("the watch stopped before its cache synced")]
 pub struct Stopped;
 
-/// How a cache keeps an [`Index`] of its objects by the sets they may belong to.
-#[derive(Clone)]
-pub struct Indexed {
-    /// The sets an object (by namespace and name) may belong to.
-    pub sets: fn(&str, &str) -> Vec<SetKey>,
-    /// The index to keep.
-    pub index: Index,
-}
-
 impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
     /// The entry of the object `name` in `namespace`.
     pub fn get(&self, namespace: &str, name: &str) -> Option<E> {
@@ -264,10 +244,23 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             .map(|s| s.entry.clone())
     }
 
+    /// The names in `namespace` that start with `prefix`, in order.
+    pub fn names_starting_with(&self, namespace: &str, prefix: &str) -> Vec<String> {
+        let inner = self.inner.read().expect("cache lock");
+        let Some(names) = inner.by_namespace.get(namespace) else {
+            return Vec::new();
+        };
+        (names.range::<str, _>((Bound::Included(prefix), Bound::Unbounded)))
+            .map(|(name, _)| name)
+            .take_while(|name| name.starts_with(prefix))
+            .map(|name| name.to_string())
+            .collect()
+    }
+
     /// How many objects are cached.
     pub fn len(&self) -> usize {
         let inner = self.inner.read().expect("cache lock");
-        inner.by_namespace.values().map(HashMap::len).sum()
+        inner.by_namespace.values().map(BTreeMap::len).sum()
     }
 
     /// Whether nothing is cached.
@@ -298,7 +291,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         let version = version_of(meta);
         let mut inner = self.inner.write().expect("cache lock");
         let epoch = inner.epoch;
-        let changed = match inner
+        match inner
             .by_namespace
             .get_mut(namespace)
             .and_then(|names| names.get_mut(name))
@@ -323,20 +316,6 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
                 (inner.by_namespace.entry(namespace.into()).or_default()).insert(name.into(), slot);
                 true
             }
-        };
-        self.index(namespace, name);
-        changed
-    }
-
-    fn index(&self, namespace: &str, name: &str) {
-        if let Some(i) = &self.indexed {
-            i.index.insert(&(i.sets)(namespace, name), name);
-        }
-    }
-
-    fn unindex(&self, namespace: &str, name: &str) {
-        if let Some(i) = &self.indexed {
-            i.index.remove(&(i.sets)(namespace, name), name);
         }
     }
 
@@ -349,7 +328,6 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         };
         if removed {
             forget(&mut inner, namespace, name);
-            self.unindex(namespace, name);
         }
     }
 
@@ -365,19 +343,10 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         {
             let mut inner = self.inner.write().expect("cache lock");
             let epoch = inner.epoch;
-            inner.by_namespace.retain(|ns, names| {
-                names.retain(|name, slot| {
-                    let listed = slot.epoch == epoch;
-                    if !listed {
-                        self.unindex(ns, name);
-                    }
-                    listed
-                });
+            inner.by_namespace.retain(|_, names| {
+                names.retain(|_, slot| slot.epoch == epoch);
                 !names.is_empty()
             });
-            for names in inner.by_namespace.values_mut() {
-                names.shrink_to_fit();
-            }
             inner.by_namespace.shrink_to_fit();
         }
         self.synced.send_replace(true);
@@ -408,7 +377,7 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
         }
     }
 
-    /// Keeps this cache (and its index) from a watch, and passes on the objects whose entry
+    /// Keeps this cache from a watch, and passes on the objects whose entry
     /// changed and every deleted one.
     pub fn changes<K, S>(
         &self,
@@ -528,24 +497,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_relist_forgets_what_it_did_not_list_and_unindexes_it() {
-        let indexed = Indexed {
-            sets: |ns, name| {
-                vec![(
-                    ns.to_owned(),
-                    name.split('-').nth(1).unwrap_or_default().to_owned(),
-                )]
-            },
-            index: Index::default(),
-        };
-        let cache = Cache::new(Some(indexed.clone()));
+    async fn a_relist_forgets_what_it_did_not_list() {
+        let cache = Cache::default();
         let on = |e| cache.on(e).is_some();
         assert!(!on(watcher::Event::Init));
         assert!(on(watcher::Event::InitApply(claim("data-web-0", None))));
         assert!(on(watcher::Event::InitApply(claim("data-web-1", None))));
         assert!(!on(watcher::Event::InitDone));
         cache.wait_until_ready().await.unwrap();
-        assert_eq!(indexed.index.names("ns", "web").len(), 2);
+        assert_eq!(cache.names_starting_with("ns", "data-web-").len(), 2);
         // The watch is down while data-web-1 is deleted; the relist does not list it.
         assert!(!on(watcher::Event::Init));
         assert!(!on(watcher::Event::InitApply(claim("data-web-0", None))));
@@ -554,13 +514,36 @@ mod tests {
         assert!(!on(watcher::Event::InitDone));
         assert!(cache.get("ns", "data-web-1").is_none());
         assert!(cache.get("ns", "data-web-0").is_some());
-        assert_eq!(
-            indexed.index.names("ns", "web"),
-            vec!["data-web-0".to_owned()]
-        );
+        assert_eq!(cache.names_starting_with("ns", "data-web-"), ["data-web-0"]);
         // It comes back: it passes again.
         assert!(on(watcher::Event::Apply(claim("data-web-1", None))));
         assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn names_are_found_by_prefix_in_their_namespace_only() {
+        let cache = Cache::default();
+        for name in [
+            "data-web-0",
+            "data-web-x-1",
+            "data-wea-2",
+            "data-web-10",
+            "logs-web-0",
+        ] {
+            cache.on(watcher::Event::Apply(claim(name, None)));
+        }
+        let mut elsewhere = claim("data-web-3", None);
+        elsewhere.metadata.namespace = Some("other".to_owned());
+        cache.on(watcher::Event::Apply(elsewhere));
+        assert_eq!(
+            cache.names_starting_with("ns", "data-web-"),
+            ["data-web-0", "data-web-10", "data-web-x-1"]
+        );
+        assert_eq!(
+            cache.names_starting_with("other", "data-web-"),
+            ["data-web-3"]
+        );
+        assert!(cache.names_starting_with("none", "data-web-").is_empty());
     }
 
     fn pod_at(name: &str, uid: &str, version: u64) -> PartialObjectMeta<Pod> {

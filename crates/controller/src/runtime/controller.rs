@@ -5,7 +5,6 @@
 use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -13,7 +12,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::info;
 
 use crate::runtime::metrics::Metrics;
-use crate::set_kind::AdvancedStatefulSet;
+use crate::set_kind::{AdvancedStatefulSet, CachedStatefulSet};
 use events::Events;
 use kinds::tell_kruise;
 use queue::{Discovery, discover_advanced, serve, serve_advanced};
@@ -67,7 +66,7 @@ impl Context {
         scope: Option<String>,
         ready: tokio::sync::watch::Receiver<bool>,
         (sets, advanced): (
-            Store<StatefulSet>,
+            Store<CachedStatefulSet>,
             Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         ),
         secondary: Secondary,
@@ -89,7 +88,6 @@ impl Context {
                 drain_pods: secondary.drain_pods,
                 claims: secondary.claims,
                 drain_pod_index: secondary.drain_pod_index,
-                claim_index: secondary.claim_index,
                 sets,
                 advanced,
                 ready,
@@ -187,7 +185,7 @@ async fn run_scope(
     // Each kind of set has its own controller; the pod and claim watches are shared, and a
     // change is routed to the sets of either kind it concerns.
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
-    let (sets, set_stream) = set_watch::<StatefulSet>(
+    let (sets, set_stream) = set_watch::<CachedStatefulSet>(
         client,
         ns,
         SetWatch {

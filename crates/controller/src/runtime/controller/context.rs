@@ -19,7 +19,7 @@ use crate::runtime::leader::Leadership;
 use crate::runtime::metrics::{Metrics, SetLabels};
 use crate::runtime::status_memo::StatusMemo;
 use crate::runtime::watch::Index;
-use crate::set_kind::{self, AdvancedStatefulSet, SetKind};
+use crate::set_kind::{self, AdvancedStatefulSet, CachedStatefulSet, SetKind};
 use crate::validate::Flags;
 
 /// How the controller runs.
@@ -108,16 +108,15 @@ pub struct Context {
     pub(super) retained: Arc<tokio::sync::Notify>,
 }
 
-/// What the watches keep of this scope: the objects, their indexes by set, and whether they
-/// synced.
+/// What the watches keep of this scope: the objects, the drain pods' index by set, and whether
+/// they synced.
 pub(super) struct Caches {
     pub(super) stateful_pods: Cache<PodEntry>,
     pub(super) drain_pods: Store<Pod>,
     pub(super) claims: Cache<ClaimEntry>,
     pub(super) drain_pod_index: Index,
-    pub(super) claim_index: Index,
     /// Every built-in StatefulSet, slimmed (kube-runtime's controller reads it too).
-    pub(super) sets: Store<StatefulSet>,
+    pub(super) sets: Store<CachedStatefulSet>,
     /// The Advanced StatefulSets' cache, once that kind is served.
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     /// Whether this scope's watch caches synced.

@@ -26,17 +26,17 @@ use kube::{Client, ResourceExt};
 use super::context::{Caches, Context, ControllerConfig, Error, Remembered};
 use super::events::Events;
 use super::reconcile::reconcile;
-use super::watches::{claim_sets, drain_pod_fingerprint, drain_pod_sets, slim_drain_pod};
+use super::watches::{drain_pod_fingerprint, drain_pod_sets, slim_drain_pod};
 use super::writes::{Seam, SetWrites};
 
 use crate::act::{Cluster, Created, Deleted, EventSpec, Patched, Retained};
 use crate::fixtures::{ClaimBuilder, NAMESPACE, SetBuilder, drain_template_json};
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
-use crate::runtime::caches::{Cache, ClaimEntry, Indexed};
+use crate::runtime::caches::{Cache, ClaimEntry};
 use crate::runtime::leader::{Leadership, Tenure};
 use crate::runtime::watch::{self, Filter, Index};
-use crate::set_kind::ServedSet;
+use crate::set_kind::{CachedStatefulSet, ServedSet};
 
 /// What the fake cluster holds: the set's status, the pods and claims by name, every write.
 #[derive(Default)]
@@ -250,7 +250,6 @@ impl Harness {
             .expect("a client (it is never answered)");
         let (drain_pods, writer) = reflector::store();
         let drain_pod_index = Index::default();
-        let claim_index = Index::default();
         let (drain_events, events) = futures::channel::mpsc::unbounded();
         let filter = Filter {
             fingerprint: drain_pod_fingerprint,
@@ -268,14 +267,10 @@ impl Harness {
             .boxed();
         let ctx = Context {
             caches: Caches {
-                stateful_pods: Cache::new(None),
+                stateful_pods: Cache::default(),
                 drain_pods,
-                claims: Cache::new(Some(Indexed {
-                    sets: claim_sets,
-                    index: claim_index.clone(),
-                })),
+                claims: Cache::default(),
                 drain_pod_index,
-                claim_index,
                 sets: reflector::store().0,
                 advanced: Arc::new(OnceLock::new()),
                 ready: tokio::sync::watch::channel(true).1,
@@ -406,7 +401,12 @@ impl Harness {
     }
 
     async fn reconcile(&self) -> Result<Action, Error> {
-        reconcile::<StatefulSet, _>(Arc::new(self.set()), Arc::clone(&self.ctx), &self.seam).await
+        reconcile::<CachedStatefulSet, _>(
+            Arc::new(self.set().into()),
+            Arc::clone(&self.ctx),
+            &self.seam,
+        )
+        .await
     }
 
     /// The writes since the last call.

@@ -74,10 +74,12 @@ pub(super) fn observe_set(
     let name = set.name_any();
     let ns = set.namespace().unwrap_or_default();
     // Each read is at least as new as our own last write of the object (`super::expectations`).
-    let claims: Vec<_> = ctx
-        .caches
-        .claim_index
-        .names(&ns, &name)
+    let templates = observe::claim_templates(set);
+    // A set's claims are named `<template>-<set>-<ordinal>`; the snapshot keeps those.
+    let names: std::collections::BTreeSet<String> = (templates.iter())
+        .flat_map(|t| (ctx.caches.claims).names_starting_with(&ns, &format!("{t}-{name}-")))
+        .collect();
+    let claims: Vec<_> = names
         .iter()
         .filter_map(|c| {
             let (cached, version) = ctx.caches.claims.get_versioned(&ns, c)?;
@@ -98,7 +100,6 @@ pub(super) fn observe_set(
         ctx.remembered.recent.pods.in_namespace(&ns),
         &name,
     );
-    let templates = observe::claim_templates(set);
     let others: Vec<_> = claims
         .iter()
         .filter_map(|c| observe::parse_claim_name(c.name.as_deref()?, &name, &templates))

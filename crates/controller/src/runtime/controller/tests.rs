@@ -24,6 +24,7 @@ use super::watches::{drain_pod_fingerprint, ready_when_all, set_fingerprint};
 use crate::runtime::caches::{ClaimEntry, Compact};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::watch;
+use crate::set_kind::CachedStatefulSet;
 use crate::{observe, plan};
 
 /// A stateful pod's cached entry, as a fingerprint: what passes its watch on.
@@ -145,7 +146,7 @@ fn set() -> StatefulSet {
 fn set_fingerprint_ignores_status_and_follows_spec_deletion_and_annotations() {
     check(
         set,
-        set_fingerprint::<StatefulSet>,
+        |s: &StatefulSet| set_fingerprint(&CachedStatefulSet::from(s.clone())),
         &[
             (
                 "status: readiness",

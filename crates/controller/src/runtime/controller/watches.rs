@@ -9,7 +9,6 @@ use drain_api::{annotations, labels};
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, future};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -22,11 +21,11 @@ use super::api::api;
 use super::expectations::Expectations;
 use super::kinds::Released;
 
-use crate::runtime::caches::{Cache, ClaimEntry, Indexed, PodEntry};
+use crate::runtime::caches::{Cache, ClaimEntry, PodEntry};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::watch;
 use crate::runtime::watch::{Filter, Index, SetKey};
-use crate::set_kind::{AdvancedStatefulSet, ServedSet, SetKind};
+use crate::set_kind::{AdvancedStatefulSet, CachedStatefulSet, ServedSet, SetKind};
 use crate::{observe, plan, set_kind};
 
 /// What readiness waits for: the built-in StatefulSets listed (their cache is the
@@ -139,13 +138,6 @@ pub(super) fn drain_pod_sets(pod: &Pod) -> Vec<SetKey> {
         .unwrap_or_default()
 }
 
-pub(super) fn claim_sets(ns: &str, name: &str) -> Vec<SetKey> {
-    observe::claim_set_candidates(name)
-        .into_iter()
-        .map(|set| (ns.to_owned(), set.to_owned()))
-        .collect()
-}
-
 pub(super) fn slim_drain_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
 }
@@ -167,8 +159,8 @@ fn cached_ref<K: ServedSet>(
 /// sets (the Advanced StatefulSet one once that kind is served) and its controller's trigger.
 #[derive(Clone)]
 pub(super) struct Routes {
-    pub(super) sets: Store<StatefulSet>,
-    pub(super) to_sets: mpsc::UnboundedSender<ObjectRef<StatefulSet>>,
+    pub(super) sets: Store<CachedStatefulSet>,
+    pub(super) to_sets: mpsc::UnboundedSender<ObjectRef<CachedStatefulSet>>,
     pub(super) advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
     pub(super) to_advanced: mpsc::UnboundedSender<ObjectRef<AdvancedStatefulSet>>,
     /// Drain pods by set: a set that opted out with a drain in flight still hears of its
@@ -180,12 +172,12 @@ impl Routes {
     /// Routes to the controllers of both kinds of set: the routes, and the controllers' ends of
     /// their trigger channels.
     pub(super) fn new(
-        sets: Store<StatefulSet>,
+        sets: Store<CachedStatefulSet>,
         advanced: Arc<OnceLock<Store<AdvancedStatefulSet>>>,
         in_flight: Index,
     ) -> (
         Self,
-        mpsc::UnboundedReceiver<ObjectRef<StatefulSet>>,
+        mpsc::UnboundedReceiver<ObjectRef<CachedStatefulSet>>,
         mpsc::UnboundedReceiver<ObjectRef<AdvancedStatefulSet>>,
     ) {
         let (to_sets, set_triggers) = mpsc::unbounded_channel();
@@ -295,7 +287,6 @@ pub(super) struct Secondary {
     /// Our writes that the watches have not delivered yet.
     pub(super) recent: Arc<Expectations>,
     pub(super) drain_pod_index: Index,
-    pub(super) claim_index: Index,
 }
 
 impl Secondary {
@@ -306,15 +297,11 @@ impl Secondary {
         ns: Option<&str>,
         metrics: &Arc<Metrics>,
     ) -> (Self, Streams, mpsc::UnboundedReceiver<Released>) {
-        let (drain_pod_index, claim_index) = (Index::default(), Index::default());
+        let drain_pod_index = Index::default();
         let (released_tx, released) = mpsc::unbounded_channel();
         let (drain_pods, dp_writer) = reflector::store();
         let recent = Arc::new(Expectations::default());
-        let stateful_pods = Cache::new(None);
-        let claims = Cache::new(Some(Indexed {
-            sets: claim_sets,
-            index: claim_index.clone(),
-        }));
+        let (stateful_pods, claims) = (Cache::default(), Cache::default());
         let streams = (
             stateful_pod_watch(client, ns, &stateful_pods, Arc::clone(metrics)).boxed(),
             drain_pod_watch(
@@ -334,7 +321,6 @@ impl Secondary {
             claims,
             recent,
             drain_pod_index,
-            claim_index,
         };
         (secondary, streams, released)
     }
