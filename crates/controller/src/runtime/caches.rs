@@ -344,7 +344,12 @@ impl<E: Clone + PartialEq + Send + Sync + 'static> Cache<E> {
             let mut inner = self.inner.write().expect("cache lock");
             let epoch = inner.epoch;
             inner.by_namespace.retain(|_, names| {
-                names.retain(|_, slot| slot.epoch == epoch);
+                // Rebuilt from the listed entries, in order: a tree built at once has full
+                // nodes, one filled in the list's (sorted) order has half-empty ones.
+                *names = std::mem::take(names)
+                    .into_iter()
+                    .filter(|(_, slot)| slot.epoch == epoch)
+                    .collect();
                 !names.is_empty()
             });
             inner.by_namespace.shrink_to_fit();
