@@ -18,6 +18,12 @@ pub const T: Duration = Duration::from_secs(90);
 /// The drain pod label key.
 pub use drain_api::labels::DRAIN_POD as DRAIN_POD_LABEL;
 
+/// Whether a pod is the set's own pod, serving: not a drain pod (which has its name while it
+/// drains, and is Running and Ready too), not being deleted, Running and Ready.
+pub fn serving(p: &Pod) -> bool {
+    !is_drain_pod(p) && p.metadata.deletion_timestamp.is_none() && running_ready(p)
+}
+
 /// Whether a pod is Running and Ready.
 pub fn running_ready(p: &Pod) -> bool {
     let st = p.status.as_ref();
@@ -51,13 +57,15 @@ pub async fn start_set(ns: &TestNamespace, set: &SetBuilder) -> Result<()> {
     Ok(())
 }
 
-/// Waits until every named pod is Running and Ready.
+/// Waits until every named pod is the set's own pod ([`serving`]).
 pub async fn wait_running(ns: &TestNamespace, names: &[String]) -> Result<()> {
     let pods = ns.api::<Pod>();
     for n in names {
-        wait_for(T, &format!("pod {n} Running and Ready"), || async {
-            Ok(pods.get_opt(n).await?.is_some_and(|p| running_ready(&p)))
-        })
+        wait_for(
+            T,
+            &format!("stateful pod {n} Running and Ready"),
+            || async { Ok(pods.get_opt(n).await?.is_some_and(|p| serving(&p))) },
+        )
         .await?;
     }
     Ok(())
@@ -262,16 +270,9 @@ pub async fn wait_drain_pod(ns: &TestNamespace, name: &str, phase_is: Option<&st
     Ok(pods.get(name).await?)
 }
 
-/// Waits until `name` is the StatefulSet's own pod again (not a drain pod), Running and Ready.
+/// Waits until `name` is the StatefulSet's own pod again ([`serving`]).
 pub async fn wait_stateful_pod_back(ns: &TestNamespace, name: &str) -> Result<()> {
-    let pods = ns.api::<Pod>();
-    wait_for(T, &format!("stateful pod {name} back"), || async {
-        Ok(pods
-            .get_opt(name)
-            .await?
-            .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
-    })
-    .await
+    wait_running(ns, &[name.to_owned()]).await
 }
 
 /// Fails unless every named claim still exists, is Bound and is not being deleted.
@@ -308,4 +309,34 @@ pub fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     };
     text.lines()
         .find_map(|l| l.strip_prefix(&key)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(labels: serde_json::Value, deleting: bool) -> Pod {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "web-2", "labels": labels},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .expect("a pod");
+        if deleting {
+            p.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+            );
+        }
+        p
+    }
+
+    /// A drain pod has the name of the set's pod and is Running and Ready too: waiting for the
+    /// set's pods to come back must not take it (or one being deleted) for the set's pod.
+    #[test]
+    fn a_drain_pod_of_the_name_is_not_the_sets_pod_serving() {
+        let stateful = json!({"apps.kubernetes.io/pod-index": "2"});
+        assert!(serving(&pod(stateful.clone(), false)));
+        assert!(!serving(&pod(stateful, true)));
+        assert!(!serving(&pod(json!({DRAIN_POD_LABEL: "web"}), false)));
+    }
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::LogParams;
 
 use crate::faults::kubectl_apply_in;
-use crate::ops::{is_drain_pod, pod_names, running_ready};
+use crate::ops::{is_drain_pod, pod_names, serving};
 use crate::{TestNamespace, kubectl, repo_root, wait_for};
 
 /// The example's StatefulSet (and headless Service).
@@ -43,10 +43,7 @@ pub async fn wait_members(ns: &TestNamespace, n: i32) -> Result<()> {
     let pods = ns.api::<Pod>();
     for name in pod_names(SET, 0..n) {
         wait_for(T, &format!("member {name} Ready"), || async {
-            Ok(pods
-                .get_opt(&name)
-                .await?
-                .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
+            Ok(pods.get_opt(&name).await?.is_some_and(|p| serving(&p)))
         })
         .await?;
     }

@@ -13,8 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use e2e::faults::{exec, freeze_pod, kubectl_apply_in};
 use e2e::ops::{
-    claim_uid, is_drain_pod, pod_names, running_ready, scale, wait_claim_gone,
-    wait_stateful_pod_back,
+    claim_uid, is_drain_pod, pod_names, scale, serving, wait_claim_gone, wait_stateful_pod_back,
 };
 use e2e::{ControllerProcess, TestNamespace, client, kubectl, repo_root, wait_for};
 use k8s_openapi::api::core::v1::Pod;
@@ -53,10 +52,7 @@ async fn wait_members(ns: &TestNamespace, n: i32) -> Result<()> {
     let pods = ns.api::<Pod>();
     for name in pod_names(SET, 0..n) {
         wait_for(T, &format!("member {name} Ready"), || async {
-            Ok(pods
-                .get_opt(&name)
-                .await?
-                .is_some_and(|p| !is_drain_pod(&p) && running_ready(&p)))
+            Ok(pods.get_opt(&name).await?.is_some_and(|p| serving(&p)))
         })
         .await?;
     }
