@@ -27,16 +27,16 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use common::load::{load_claim, load_counts, load_pod, load_set};
+use common::load::{create_all, load_claim, load_counts, load_set, make_pods};
 use common::process::{Memory, memory};
 use common::*;
 use e2e::{ControllerProcess, TestNamespace, client};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
 use serde_json::json;
 
 /// Requests in flight while the load is made.
@@ -45,33 +45,6 @@ const IN_FLIGHT: usize = 32;
 /// most this many MiB.
 const STEADY_GOAL: f64 = 3.0;
 const STEADY_MIB: f64 = 64.0;
-
-/// Creates `objects` with `IN_FLIGHT` requests in flight; one that exists already is fine (the
-/// StatefulSet controller may have made a pod first).
-async fn create_all<K>(api: &Api<K>, objects: Vec<K>) -> Result<()>
-where
-    K: kube::Resource
-        + Clone
-        + k8s_openapi::serde::Serialize
-        + k8s_openapi::serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    futures::stream::iter(objects)
-        .map(|o| {
-            let api = api.clone();
-            async move {
-                match api.create(&PostParams::default(), &o).await {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) => Err(e),
-                }
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
 
 /// Grows the load in `ns` from `from` sets to `to`: the claims, the sets, then their pods.
 async fn grow(
@@ -86,24 +59,13 @@ async fn grow(
         .iter()
         .flat_map(|s| (0..replicas).map(move |o| load_claim(s, o)))
         .collect();
-    create_all(&ns.api::<PersistentVolumeClaim>(), claims).await?;
+    create_all(&ns.api::<PersistentVolumeClaim>(), claims, IN_FLIGHT).await?;
     let sets = (from..to)
         .zip(&names)
         .map(|(i, s)| load_set(s, replicas, i < opted))
         .collect();
-    create_all(&ns.api::<StatefulSet>(), sets).await?;
-    let sets_api = ns.api::<StatefulSet>();
-    let mut pods = Vec::new();
-    for s in &names {
-        let uid = sets_api
-            .get_metadata(s)
-            .await?
-            .uid()
-            .context("the set's UID")?;
-        let set = load_set(s, replicas, false);
-        pods.extend((0..replicas).map(|o| load_pod(&set, &uid, o)));
-    }
-    create_all(&ns.api::<Pod>(), pods).await
+    create_all(&ns.api::<StatefulSet>(), sets, IN_FLIGHT).await?;
+    make_pods(ns, &names, replicas, IN_FLIGHT).await
 }
 
 /// A sum of the series of metric `name` in a `/metrics` text, and the distinct values of its

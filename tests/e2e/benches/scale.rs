@@ -3,14 +3,15 @@
 //!
 //! 1. **Empty baseline**: the controller binary started on an empty namespace; its memory after
 //!    sync and its CPU, reconciles, API requests and LIST requests over an idle minute.
-//! 2. **Load**: in a namespace of its own, `STSD_SCALE_SETS` (1,000) Parallel StatefulSets of
+//! 2. **Load**: in a namespace of its own, `STSD_SCALE_SETS` (5,000) Parallel StatefulSets of
 //!    `STSD_SCALE_REPLICAS` (10), `STSD_SCALE_OPTED_IN` (10) of them opted in, whose pods select
-//!    no node and whose claims name a StorageClass that does not exist: about 10,000 Pending
-//!    pods and 10,000 Pending claims. The claims are created by this program (16 requests in
-//!    flight, as the StatefulSet controller would make them), then the sets; their pods by the
-//!    StatefulSet controller. The same figures as the baseline, once the controller has synced
-//!    them; idle window `STSD_SCALE_IDLE_SECS` (60). Memory by kind of object: a fresh controller
-//!    synced on the claims alone, then on the claims and the sets.
+//!    no node and whose claims name a StorageClass that does not exist: about 50,000 Pending
+//!    pods and 50,000 Pending claims. This program makes the claims, then the sets (`OnDelete`),
+//!    then the pods, as the StatefulSet controller makes them (it finds them made; its own
+//!    client is throttled to about 20 requests/s); 16 requests in flight. The same figures as
+//!    the baseline, once the controller has synced them; idle window `STSD_SCALE_IDLE_SECS`
+//!    (60). Memory by kind of object: a fresh controller synced on the claims alone, then on
+//!    the claims and the sets.
 //! 3. **Reaction under load**: one more opted-in Parallel set of 10 with real storage and
 //!    runnable pods, scaled to 0 and back `STSD_SCALE_CYCLES` (5) times: stateful pod gone →
 //!    drain pod created, from this program's own watch (see `common`), next to the bare watch
@@ -34,17 +35,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use common::load::{load_claim, load_counts, load_set};
+use common::load::{create_all, load_claim, load_counts, load_set, make_pods};
 use common::process::{Memory, memory};
 use common::*;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use e2e::objects::{SetBuilder, drain_template};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -397,7 +398,7 @@ fn mib(v: f64) -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let sets = env_or("STSD_SCALE_SETS", 1000);
+    let sets = env_or("STSD_SCALE_SETS", 5000);
     let replicas = env_or("STSD_SCALE_REPLICAS", 10) as i32;
     let opted = env_or("STSD_SCALE_OPTED_IN", 10).min(sets);
     let idle = Duration::from_secs(env_or("STSD_SCALE_IDLE_SECS", 60) as u64);
@@ -423,15 +424,12 @@ async fn main() -> Result<()> {
     // The claims first, named and labelled as the StatefulSet controller names and labels them
     // (it uses a claim it finds): its client is throttled (about 20 requests/s, its Events
     // included), so 10,000 claims would double the time it takes to make the load.
-    let claims_api: Api<PersistentVolumeClaim> = ns.api();
-    futures::stream::iter((0..sets).flat_map(|i| (0..replicas).map(move |o| (i, o))))
-        .map(|(i, o)| {
-            let api = claims_api.clone();
-            let claim = load_claim(&format!("load-{i:04}"), o);
-            async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<Vec<()>>()
+    let names: Vec<String> = (0..sets).map(|i| format!("load-{i:05}")).collect();
+    let claims = names
+        .iter()
+        .flat_map(|s| (0..replicas).map(move |o| load_claim(s, o)))
+        .collect();
+    create_all(&ns.api::<PersistentVolumeClaim>(), claims, IN_FLIGHT)
         .await
         .context("create the load's claims")?;
     let claims_secs = created.elapsed().as_secs_f64();
@@ -440,20 +438,13 @@ async fn main() -> Result<()> {
     // Memory by kind of object: a fresh controller on the claims alone.
     let mem_claims = probe(&ns.name).await?;
     let sets_started = Instant::now();
-    let sets_api: Api<StatefulSet> = ns.api();
     let every = (sets / opted.max(1)).max(1);
-    futures::stream::iter(0..sets)
-        .map(|i| {
-            let api = sets_api.clone();
-            let set = load_set(
-                &format!("load-{i:04}"),
-                replicas,
-                i % every == 0 && i / every < opted,
-            );
-            async move { api.create(&PostParams::default(), &set).await.map(|_| ()) }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<Vec<()>>()
+    let load_sets = names
+        .iter()
+        .enumerate()
+        .map(|(i, s)| load_set(s, replicas, i % every == 0 && i / every < opted))
+        .collect();
+    create_all(&ns.api::<StatefulSet>(), load_sets, IN_FLIGHT)
         .await
         .context("create the load's StatefulSets")?;
     let sets_secs = sets_started.elapsed().as_secs_f64();
@@ -461,6 +452,11 @@ async fn main() -> Result<()> {
     // ... and on the claims and the sets (and the few pods made by then).
     let (pods_then, _) = load_counts(&ns).await?;
     let mem_sets = probe(&ns.name).await?;
+    let pods_started = Instant::now();
+    make_pods(&ns, &names, replicas, IN_FLIGHT)
+        .await
+        .context("create the load's pods")?;
+    let pods_secs = pods_started.elapsed().as_secs_f64();
     let mut said = Instant::now();
     loop {
         let (pods, claims) = load_counts(&ns).await?;
@@ -470,7 +466,7 @@ async fn main() -> Result<()> {
         ensure!(
             created.elapsed()
                 < Duration::from_secs(env_or("STSD_SCALE_CREATE_MINUTES", 90) as u64 * 60),
-            "the StatefulSet controller made {pods} pods and {claims} claims of {want} in {:.0} s",
+            "{pods} pods and {claims} claims of {want} exist after {:.0} s",
             created.elapsed().as_secs_f64()
         );
         if said.elapsed() > Duration::from_secs(30) {
@@ -577,7 +573,7 @@ async fn main() -> Result<()> {
             host()
         ),
         format!(
-            "load: claims created by this program in {claims_secs:.0} s, sets in {sets_secs:.0} s ({IN_FLIGHT} requests in flight), every pod by the StatefulSet controller after {load_secs:.0} s"
+            "load: made by this program ({IN_FLIGHT} requests in flight): claims in {claims_secs:.0} s, sets in {sets_secs:.0} s, pods in {pods_secs:.0} s; all of it in {load_secs:.0} s"
         ),
         empty.line("empty namespace (baseline)"),
         empty_idle.line("empty namespace (baseline)"),

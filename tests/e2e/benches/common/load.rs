@@ -1,14 +1,16 @@
 //! The load of the scale and memory benchmarks: StatefulSets whose pods and claims stay
 //! Pending, and their claims and pods made as the StatefulSet controller makes them.
 
+use anyhow::Context;
 use drain_api::annotations::DRAINER_POD_TEMPLATE;
 use e2e::TestNamespace;
 use e2e::objects::{BUSYBOX, drain_template, sleeper};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::ResourceExt;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 /// The label on every object of the load.
@@ -120,4 +122,54 @@ pub async fn load_counts(ns: &TestNamespace) -> anyhow::Result<(usize, usize)> {
         .items
         .len();
     Ok((pods, claims))
+}
+
+/// Creates `objects`, `in_flight` requests at a time; one that exists already is fine (the
+/// StatefulSet controller may have made a pod first).
+pub async fn create_all<K>(api: &Api<K>, objects: Vec<K>, in_flight: usize) -> anyhow::Result<()>
+where
+    K: kube::Resource
+        + Clone
+        + k8s_openapi::serde::Serialize
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    futures::stream::iter(objects)
+        .map(|o| {
+            let api = api.clone();
+            async move {
+                match api.create(&PostParams::default(), &o).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(in_flight)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Makes the pods of the load sets `names` (of `replicas` each) as the StatefulSet controller
+/// would ([`load_pod`]): its client is throttled to about 20 requests/s, so 50,000 pods would
+/// take it the best part of an hour.
+pub async fn make_pods(
+    ns: &TestNamespace,
+    names: &[String],
+    replicas: i32,
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let sets_api = ns.api::<StatefulSet>();
+    let mut pods = Vec::new();
+    for s in names {
+        let uid = sets_api
+            .get_metadata(s)
+            .await?
+            .uid()
+            .context("the set's UID")?;
+        let set = load_set(s, replicas, false);
+        pods.extend((0..replicas).map(|o| load_pod(&set, &uid, o)));
+    }
+    create_all(&ns.api::<Pod>(), pods, in_flight).await
 }
