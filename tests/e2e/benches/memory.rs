@@ -7,8 +7,8 @@
 //!    settled, and its peak RSS (`VmHWM`).
 //! 2. **Sizes**: in a namespace of its own, the load grows through `STSD_MEMORY_SIZES`
 //!    (`1000,2500,5000`) StatefulSets of `STSD_MEMORY_REPLICAS` (10), of which
-//!    `STSD_MEMORY_OPTED_IN` (10) opt in whatever the size: each set's Pending pods (their node
-//!    selector matches no node) and Pending claims (no such StorageClass). This program makes
+//!    `STSD_MEMORY_OPTED_IN` (10) opt in whatever the size: each set's Pending pods (no scheduler
+//!    takes them) and Pending claims (no such StorageClass). This program makes
 //!    the claims, then the sets (`OnDelete`, so the StatefulSet controller leaves the pods be),
 //!    then the pods, named, labelled, owned and bound to their claims as the StatefulSet
 //!    controller makes them (it finds them made); 32 requests in flight. At each size a fresh

@@ -4,8 +4,8 @@
 //! 1. **Empty baseline**: the controller binary started on an empty namespace; its memory after
 //!    sync and its CPU, reconciles, API requests and LIST requests over an idle minute.
 //! 2. **Load**: in a namespace of its own, `STSD_SCALE_SETS` (5,000) Parallel StatefulSets of
-//!    `STSD_SCALE_REPLICAS` (10), `STSD_SCALE_OPTED_IN` (10) of them opted in, whose pods select
-//!    no node and whose claims name a StorageClass that does not exist: about 50,000 Pending
+//!    `STSD_SCALE_REPLICAS` (10), `STSD_SCALE_OPTED_IN` (10) of them opted in, whose pods no
+//!    scheduler takes and whose claims name a StorageClass that does not exist: about 50,000 Pending
 //!    pods and 50,000 Pending claims. This program makes the claims, then the sets (`OnDelete`),
 //!    then the pods, as the StatefulSet controller makes them (it finds them made; its own
 //!    client is throttled to about 20 requests/s); 16 requests in flight. The same figures as
@@ -481,7 +481,7 @@ async fn main() -> Result<()> {
     let load_secs = created.elapsed().as_secs_f64();
     eprintln!("{want} pods and claims exist after {load_secs:.0} s");
     // This program's watches of the namespace (for the reaction part); then wait for the load
-    // to settle (the scheduler marks the pods unschedulable) before the controller starts.
+    // to settle (the StatefulSet controller may still be writing) before the controller starts.
     let mut watches = Watches::start(&ns).await?;
     let (set_changes, set_watch) = count_set_changes(&ns);
     let settle = Instant::now();

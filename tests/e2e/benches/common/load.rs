@@ -18,7 +18,9 @@ pub const LOAD_LABEL: &str = "stsd-bench=load";
 /// A StorageClass that does not exist: the load's claims stay Pending.
 pub const NO_CLASS: &str = "stsd-bench-no-such-class";
 
-/// A load set: `replicas` Pending pods (their node selector matches no node), each with a
+/// A load set: `replicas` Pending pods (no scheduler takes them: their `schedulerName` names
+/// none, so nothing writes their status, which a scheduler throttled to 50 writes/s would take
+/// a quarter of an hour to mark unschedulable at 50,000 pods), each with a
 /// Pending claim (no such StorageClass); opted in or not. `OnDelete`: the StatefulSet controller
 /// makes its missing pods but changes none it finds.
 pub fn load_set(name: &str, replicas: i32, opted_in: bool) -> StatefulSet {
@@ -40,7 +42,7 @@ pub fn load_set(name: &str, replicas: i32, opted_in: bool) -> StatefulSet {
             "template": {
                 "metadata": {"labels": {"app": name, "stsd-bench": "load"}},
                 "spec": {
-                    "nodeSelector": {"stsd-bench/no-such-node": "true"},
+                    "schedulerName": "stsd-bench-no-scheduler",
                     "terminationGracePeriodSeconds": 2,
                     "containers": [{
                         "name": "app",
