@@ -481,19 +481,28 @@ async fn main() -> Result<()> {
     let load_secs = created.elapsed().as_secs_f64();
     eprintln!("{want} pods and claims exist after {load_secs:.0} s");
     // This program's watches of the namespace (for the reaction part); then wait for the load
-    // to settle (the StatefulSet controller may still be writing) before the controller starts.
+    // to settle before the controller starts: the StatefulSet controller, its client throttled
+    // to 20 requests/s, writes a revision and a status for every set, and a set created after
+    // the load waits its turn behind them.
     let mut watches = Watches::start(&ns).await?;
     let (set_changes, set_watch) = count_set_changes(&ns);
     let settle = Instant::now();
-    loop {
+    let settle_cap = Duration::from_secs(env_or("STSD_SCALE_SETTLE_MINUTES", 30) as u64 * 60);
+    let settled = loop {
         let before = watches.seen.lock().expect("lock").events;
+        let sets_before = set_changes.load(Ordering::Relaxed);
         tokio::time::sleep(Duration::from_secs(10)).await;
         let changes = watches.seen.lock().expect("lock").events - before;
-        eprintln!("{changes} pod and claim changes in 10 s");
-        if changes <= 10 || settle.elapsed() > Duration::from_secs(600) {
-            break;
+        let set_writes = set_changes.load(Ordering::Relaxed) - sets_before;
+        eprintln!("{changes} pod and claim changes, {set_writes} StatefulSet changes in 10 s");
+        if changes <= 10 && set_writes <= 10 {
+            break true;
         }
-    }
+        if settle.elapsed() > settle_cap {
+            break false;
+        }
+    };
+    let settle_secs = settle.elapsed().as_secs_f64();
     let (pods, claims) = load_counts(&ns).await?;
 
     eprintln!("== controller on the load");
@@ -573,7 +582,12 @@ async fn main() -> Result<()> {
             host()
         ),
         format!(
-            "load: made by this program ({IN_FLIGHT} requests in flight): claims in {claims_secs:.0} s, sets in {sets_secs:.0} s, pods in {pods_secs:.0} s; all of it in {load_secs:.0} s"
+            "load: made by this program ({IN_FLIGHT} requests in flight): claims in {claims_secs:.0} s, sets in {sets_secs:.0} s, pods in {pods_secs:.0} s; all of it in {load_secs:.0} s; {} {settle_secs:.0} s later",
+            if settled {
+                "the StatefulSet controller done writing"
+            } else {
+                "STILL WRITING: the StatefulSet controller had not settled"
+            }
         ),
         empty.line("empty namespace (baseline)"),
         empty_idle.line("empty namespace (baseline)"),
