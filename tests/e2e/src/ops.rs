@@ -18,10 +18,20 @@ pub const T: Duration = Duration::from_secs(90);
 /// The drain pod label key.
 pub use drain_api::labels::DRAIN_POD as DRAIN_POD_LABEL;
 
-/// Whether a pod is the set's own pod, serving: not a drain pod (which has its name while it
-/// drains, and is Running and Ready too), not being deleted, Running and Ready.
+/// The label the StatefulSet controller (and OpenKruise's) puts on every pod it makes: its
+/// revision. A drain pod of the same name is made by the drain controller, without it.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// Whether a pod is the set's own pod, serving: made by the set's controller (a drain pod has
+/// its name while it drains, and is Running and Ready too; the drain label does not tell them
+/// apart, as a set's pods may carry it), not being deleted, Running and Ready.
 pub fn serving(p: &Pod) -> bool {
-    !is_drain_pod(p) && p.metadata.deletion_timestamp.is_none() && running_ready(p)
+    let made_by_the_set = p
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(REVISION_LABEL));
+    made_by_the_set && p.metadata.deletion_timestamp.is_none() && running_ready(p)
 }
 
 /// Whether a pod is Running and Ready.
@@ -331,12 +341,15 @@ mod tests {
     }
 
     /// A drain pod has the name of the set's pod and is Running and Ready too: waiting for the
-    /// set's pods to come back must not take it (or one being deleted) for the set's pod.
+    /// set's pods to come back must not take it (or one being deleted) for the set's pod; a
+    /// set's pod that carries the drain label is still the set's.
     #[test]
     fn a_drain_pod_of_the_name_is_not_the_sets_pod_serving() {
-        let stateful = json!({"apps.kubernetes.io/pod-index": "2"});
+        let stateful = json!({REVISION_LABEL: "web-6d4f", "apps.kubernetes.io/pod-index": "2"});
         assert!(serving(&pod(stateful.clone(), false)));
         assert!(!serving(&pod(stateful, true)));
         assert!(!serving(&pod(json!({DRAIN_POD_LABEL: "web"}), false)));
+        let labelled = json!({REVISION_LABEL: "web-6d4f", DRAIN_POD_LABEL: "web"});
+        assert!(serving(&pod(labelled, false)));
     }
 }
