@@ -125,22 +125,25 @@ pub async fn exec(ns: &TestNamespace, pod: &str, container: &str, script: &str) 
 pub async fn freeze_pod(ns: &TestNamespace, pod: &str, frozen: bool) -> Result<()> {
     let uid = uid_of(&ns.api::<Pod>().get(pod).await?);
     ensure!(!uid.is_empty(), "pod {pod} has no UID");
-    let root = Path::new("/sys/fs/cgroup/freezer/kubepods");
+    // The host node's pods are under kubepods, a worker's under its cgroup root (stsd-wK).
+    let freezer = Path::new("/sys/fs/cgroup/freezer");
+    let mut roots = vec![freezer.join("kubepods")];
+    for entry in std::fs::read_dir(freezer)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("stsd-w"))
+        {
+            roots.push(path.join("kubepods"));
+        }
+    }
     let name = format!("pod{uid}");
-    let dir = [
-        root.to_path_buf(),
-        root.join("besteffort"),
-        root.join("burstable"),
-    ]
-    .into_iter()
-    .map(|d| d.join(&name))
-    .find(|d| d.is_dir())
-    .with_context(|| {
-        format!(
-            "no freezer cgroup {name} under {} for pod {pod}",
-            root.display()
-        )
-    })?;
+    let dir = roots
+        .iter()
+        .flat_map(|r| [r.clone(), r.join("besteffort"), r.join("burstable")])
+        .map(|d| d.join(&name))
+        .find(|d| d.is_dir())
+        .with_context(|| format!("no freezer cgroup {name} under {roots:?} for pod {pod}"))?;
     let state = if frozen { "FROZEN" } else { "THAWED" };
     std::fs::write(dir.join("freezer.state"), state)
         .with_context(|| format!("write {state} to {}", dir.display()))?;
