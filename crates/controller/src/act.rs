@@ -7,6 +7,8 @@
 //! showing the plan was made from a stale view (a drain pod or claim changed or gone); neither
 //! stops the actions of other ordinals.
 
+use std::collections::BTreeMap;
+
 use drain_api::claim_annotations;
 use tracing::{info, warn};
 
@@ -143,6 +145,10 @@ async fn apply_one<C: Cluster>(
             record_failure(cluster, ctx, *ordinal, claims, &failure).await
         }
         Action::RecordReturn { claims, at, .. } => record_return(cluster, claims, *at).await,
+        Action::RecordFence { claims, node, .. } => {
+            let record = BTreeMap::from([(claim_annotations::FENCE_NODE.to_owned(), node.clone())]);
+            annotate_all(cluster, claims, &record).await
+        }
         Action::RecordSuccess {
             claims, pod_uid, ..
         } => {

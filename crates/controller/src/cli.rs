@@ -41,6 +41,11 @@ pub struct Args {
     /// restartPolicy OnFailure): a failed attempt, deleted and retried.
     #[arg(long, env = "DRAIN_CONTROLLER_MAX_RESTARTS", default_value_t = 3)]
     pub max_restarts: u32,
+    /// A drain pod's node whose Ready condition has not been true this long is lost: a Warning
+    /// DrainNodeLost naming the node and the remedy, status `stuck`, the drain pod asked to
+    /// stop (it goes once the node is deleted or tainted out-of-service), the claims kept.
+    #[arg(long, env = "DRAIN_CONTROLLER_NODE_LOST_AFTER", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub node_lost_after: Duration,
     /// Under drain-on-scale-up: finish, the longest a returning ordinal waits for a drain that
     /// makes no progress (from the scale-up or the drain's last published progress) before the
     /// drain is cancelled (Warning ScaleUpWaitExceeded).

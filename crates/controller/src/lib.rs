@@ -73,6 +73,7 @@ pub async fn run(args: cli::Args) -> anyhow::Result<()> {
             stuck_after: args.stuck_after,
             quiet_after: args.quiet_after,
             max_restarts: args.max_restarts,
+            node_lost_after: args.node_lost_after,
             scale_up_wait: args.scale_up_wait,
         },
         resync: args.resync,

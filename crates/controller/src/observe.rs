@@ -9,14 +9,14 @@ use drain_api::completion::CompletionRecord;
 use drain_api::{annotations, claim_annotations, labels, pod_annotations};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::claim_use::claims_used;
 use crate::config::SuccessProof;
 use crate::plan::{
     Blocker, Claim, Deletion, DrainContainer, DrainPhase, DrainPod, DrainProgress, DrainRecord,
-    PodKind, PodObs, PodSettings, RETAIN_FALLBACK, Snapshot,
+    NodeHealth, PodKind, PodObs, PodSettings, RETAIN_FALLBACK, Snapshot,
 };
 use crate::status::StatusReport;
 
@@ -44,6 +44,10 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         succeeded_pod_uid: annotation(meta, claim_annotations::SUCCEEDED_POD_UID)
             .map(str::to_owned),
         held: annotation(meta, claim_annotations::HOLD).is_some(),
+        fence_node: annotation(meta, claim_annotations::FENCE_NODE)
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned),
     }
 }
 
@@ -326,10 +330,51 @@ fn lingering(pod: &Pod, containers: &[DrainContainer]) -> Vec<String> {
 /// Whether the pod has a `DisruptionTarget` condition: something asked it to stop (an
 /// eviction, a preemption, its node shutting down).
 fn disrupted(pod: &Pod) -> bool {
+    condition(pod, "DisruptionTarget")
+}
+
+/// Whether the pod's condition `type_` is true.
+fn condition(pod: &Pod, type_: &str) -> bool {
     pod.status
         .iter()
         .flat_map(|s| s.conditions.iter().flatten())
-        .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The health of a node, from the live read of its name (`None`: no such Node).
+pub fn node_health(node: Option<&Node>) -> NodeHealth {
+    let Some(node) = node else {
+        return NodeHealth::Gone;
+    };
+    let ready = node
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.type_ == "Ready");
+    let since = ready.and_then(|c| c.last_transition_time.as_ref().map(to_timestamp));
+    let Some(ready) = ready.filter(|c| c.status != "True") else {
+        return NodeHealth::Ready { since };
+    };
+    let why = [
+        Some(ready.status.as_str()),
+        ready.reason.as_deref(),
+        ready.message.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(str::trim)
+    .filter(|s| !s.is_empty())
+    .collect::<Vec<_>>()
+    .join(": ");
+    NodeHealth::NotReady {
+        since,
+        why,
+        out_of_service: node
+            .spec
+            .iter()
+            .flat_map(|s| s.taints.iter().flatten())
+            .any(|t| t.key == crate::plan::OUT_OF_SERVICE),
+    }
 }
 
 /// Whether a regular container has a liveness or startup probe.
@@ -437,6 +482,12 @@ pub fn drain_pod(pod: &Pod, ordinal: i32) -> PodObs {
             blocker: blocker(pod),
             started_at: started_at(pod),
             progress: annotation(meta, pod_annotations::PROGRESS).and_then(DrainProgress::parse),
+            node: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            ready: condition(pod, "Ready"),
         }),
     }
 }
@@ -536,6 +587,7 @@ pub fn snapshot<'a>(
         claims,
         pods,
         previous,
+        nodes: Default::default(),
     }
 }
 

@@ -12,12 +12,15 @@
 //! | nothing        | out of range, a claim held (restored)          | wait for the scale-up           |
 //! | nothing        | back in range, drain record on the claims      | `ClearRecord`                   |
 //! | stateful pod   | out of range (terminating or not)              | wait for it to go               |
+//! | stateful pod   | being deleted past its grace, on a node not ready | `RecordFence`; `Warn` once the node is lost |
+//! | nothing        | the removed pod's fence node not ready again   | wait (blocked), claims kept     |
 //! | foreign pod    | labelled as our drain pod, not owned by the set| `Warn` (blocked), never deleted |
 //! | unknown pod    | made by neither the set nor us (by hand?)      | `Warn` (blocked), no slot, recheck |
 //! | drain pod      | exited 0 with proof it finished (see below)    | `DeleteClaims` → `DeleteDrainPod` |
 //! | drain pod      | exited 0, no proof (stopped, no record)        | `RecordFailure` → `DeleteDrainPod`; claims kept |
 //! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | stuck (cannot start, crash-looping)            | `RecordFailure` → `DeleteDrainPod` |
+//! | drain pod      | not finished, its node lost (not ready, gone)  | `Warn` (stuck), `DeleteDrainPod`; claims kept |
 //! | drain pod      | not started, its claims gone or being deleted  | `DeleteDrainPod` (nothing to drain) |
 //! | drain pod      | not started, built from an older template      | `DeleteDrainPod` (replaced)     |
 //! | drain pod      | running past the deadline                      | `RecordFailure` → `DeleteDrainPod` |
@@ -55,6 +58,7 @@ pub use drain_api::progress::DrainProgress;
 
 mod actions;
 mod failures;
+mod nodes;
 mod observed;
 mod ordinal;
 mod proof;
@@ -64,6 +68,7 @@ mod slots;
 mod success;
 
 pub use actions::*;
+pub use nodes::OUT_OF_SERVICE;
 pub use observed::*;
 pub use proof::*;
 pub use settings::*;
@@ -77,6 +82,7 @@ pub fn plan(snap: &Snapshot, settings: &Settings, now: Timestamp) -> Plan {
         settings,
         set_name: &snap.set_name,
         claim_templates: &snap.claim_templates,
+        nodes: &snap.nodes,
         now,
         plan: Plan::default(),
         busy: 0,
@@ -264,6 +270,9 @@ impl<'a> Planner<'a> {
         if let Some(state) = self.missing_claims(ord) {
             return Some(state);
         }
+        if let Some(state) = self.fenced(ord) {
+            return Some(state);
+        }
         let record = if stale {
             DrainRecord::default()
         } else {
@@ -315,9 +324,18 @@ impl<'a> Planner<'a> {
             self.clear_record(ord);
             return None;
         }
+        if let Some(state) = self.removed_pod_on_lost_node(ord, pod) {
+            return Some(state);
+        }
         if let Some(why) = self.stuck_deleting(pod) {
             let reason = format!("{why}; its drain cannot start until it is gone");
             return self.blocked(ord, reason);
+        }
+        if let Some(due) = pod.deletion.as_ref().and_then(|d| d.due)
+            && due > self.now
+        {
+            // Still there after its grace period: its node is read then (is it lost?).
+            self.requeue_at(add(due, Duration::from_secs(2)));
         }
         Some(OrdinalState::Waiting {
             reason: format!("pod {} still exists", pod.name),
@@ -396,6 +414,9 @@ impl<'a> Planner<'a> {
             }
             Finish::Unproven { kind, why } => return self.unproven(ord, pod, kind, why),
             Finish::NotFinished => {}
+        }
+        if let Some(state) = self.on_lost_node(ord, pod, drain) {
+            return Some(state);
         }
         if pod.terminating {
             return self.terminating(ord, pod);
@@ -514,10 +535,10 @@ impl<'a> Planner<'a> {
                 series: ord.series.clone(),
             });
         }
-        let note = match self.lingering(ord, pod, drain) {
-            Some(note) => Some(note),
-            None => self.quiet(ord, pod, drain),
-        };
+        let note = self
+            .lingering(ord, pod, drain)
+            .or_else(|| self.quiet(ord, pod, drain))
+            .or_else(|| self.node_unreadable(ord, drain));
         Some(OrdinalState::Draining {
             attempt: ord.record.attempts + 1,
             progress: drain.progress.clone(),

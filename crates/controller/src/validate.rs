@@ -31,6 +31,8 @@ pub struct Flags {
     pub quiet_after: Duration,
     /// A drain pod whose containers restarted this often is stuck.
     pub max_restarts: u32,
+    /// A drain pod's node not ready this long is lost.
+    pub node_lost_after: Duration,
     /// Under `finish`, the longest a returning ordinal waits for its drain.
     pub scale_up_wait: Duration,
 }
@@ -43,6 +45,7 @@ impl Default for Flags {
             stuck_after: Duration::from_secs(300),
             quiet_after: Duration::from_secs(1800),
             max_restarts: 3,
+            node_lost_after: Duration::from_secs(60),
             scale_up_wait: Duration::from_secs(300),
         }
     }
@@ -149,6 +152,7 @@ pub fn settings(
         stuck_after: flags.stuck_after,
         quiet_after: Some(flags.quiet_after).filter(|d| !d.is_zero()),
         max_restarts: flags.max_restarts,
+        node_lost_after: flags.node_lost_after,
         scale_up_wait: flags.scale_up_wait,
     }
 }

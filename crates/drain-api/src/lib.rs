@@ -102,8 +102,12 @@ pub mod claim_annotations {
     /// is out of range, until the set brings its pod back (which clears it with the record) or
     /// a person removes it.
     pub const HOLD: &str = "statefulsets.kubernetes.io/drain-hold";
+    /// The node the ordinal's removed pod was seen on while that node was not ready: its
+    /// containers may still run there and write the volume, so no drain pod starts until the
+    /// node is ready again, deleted, or tainted out of service.
+    pub const FENCE_NODE: &str = "statefulsets.kubernetes.io/drain-fence-node";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
@@ -115,6 +119,7 @@ pub mod claim_annotations {
         APPROVED,
         SUCCEEDED_POD_UID,
         HOLD,
+        FENCE_NODE,
     ];
 }
 

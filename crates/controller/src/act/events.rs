@@ -72,6 +72,16 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
                 if *gave_up { "; and give up" } else { "" }
             ),
         ),
+        Action::RecordFence { claims, node, .. } => (
+            "DryRunRecordFence",
+            match node {
+                Some(node) => format!(
+                    "would record on claims {} that {pod} was last seen on node {node}, not ready",
+                    names(claims)
+                ),
+                None => format!("would clear the fence node on claims {}", names(claims)),
+            },
+        ),
         Action::RecordReturn { claims, .. } => (
             "DryRunRecordReturn",
             format!(
@@ -193,6 +203,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
         }
         Action::RecordDrainPod { .. }
         | Action::RecordReturn { .. }
+        | Action::RecordFence { .. }
         | Action::RecordSuccess { .. }
         | Action::ClearRecord { .. } => Vec::new(),
     }
@@ -344,6 +355,7 @@ fn withdrawn(name: &str, why: DeleteWhy) -> Vec<EventSpec> {
         | DeleteWhy::Failed
         | DeleteWhy::DeadlineExceeded
         | DeleteWhy::Stuck
-        | DeleteWhy::Stalled => Vec::new(),
+        | DeleteWhy::Stalled
+        | DeleteWhy::NodeLost => Vec::new(),
     }
 }

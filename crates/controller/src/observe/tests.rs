@@ -348,3 +348,72 @@ fn a_pod_the_set_controls_is_the_sets_own_whatever_its_labels() {
     assert!(matches!(kind(&pod(true)), PodKind::Other));
     assert!(matches!(kind(&pod(false)), PodKind::Drain(_)));
 }
+
+#[test]
+fn a_nodes_health_is_read_from_its_ready_condition_and_its_out_of_service_taint() {
+    let node = |ready: serde_json::Value, taints: serde_json::Value| -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "spec": {"taints": taints},
+            "status": {"conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                ready,
+            ]},
+        }))
+        .unwrap()
+    };
+    let lost = node(
+        serde_json::json!({"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastTransitionTime": "2026-12-07T21:00:00Z"}),
+        serde_json::json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]),
+    );
+    assert_eq!(
+        node_health(Some(&lost)),
+        NodeHealth::NotReady {
+            since: Some("2026-12-07T21:00:00Z".parse().unwrap()),
+            why: "Unknown: NodeStatusUnknown: Kubelet stopped posting node status.".to_owned(),
+            out_of_service: false,
+        }
+    );
+    let declared = node(
+        serde_json::json!({"type": "Ready", "status": "False"}),
+        serde_json::json!([{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",
+            "effect": "NoExecute"}]),
+    );
+    assert!(matches!(
+        node_health(Some(&declared)),
+        NodeHealth::NotReady { out_of_service: true, ref why, since: None } if why == "False"
+    ));
+    let ready = node(
+        serde_json::json!({"type": "Ready", "status": "True"}),
+        serde_json::json!(null),
+    );
+    assert_eq!(node_health(Some(&ready)), NodeHealth::Ready { since: None });
+    // Just registered, no Ready condition yet: not taken as lost.
+    let new: Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n2"}})).unwrap();
+    assert_eq!(node_health(Some(&new)), NodeHealth::Ready { since: None });
+    assert_eq!(node_health(None), NodeHealth::Gone);
+}
+
+#[test]
+fn a_drain_pod_says_its_node_and_whether_it_is_ready() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-2", "uid": "u"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "drain"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]},
+    }))
+    .unwrap();
+    let PodKind::Drain(d) = drain_pod(&pod, 2).kind else {
+        unreachable!()
+    };
+    assert_eq!((d.node.as_deref(), d.ready), (Some("n1"), false));
+    let mut ready = pod.clone();
+    ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".to_owned();
+    ready.spec.as_mut().unwrap().node_name = None;
+    let PodKind::Drain(d) = drain_pod(&ready, 2).kind else {
+        unreachable!()
+    };
+    assert_eq!((d.node, d.ready), (None, true));
+}

@@ -42,6 +42,9 @@ pub enum DeleteWhy {
     /// It had not started and its claims are gone or being deleted: nothing is left to drain,
     /// and it would wait for them for ever, holding the ordinal's name.
     ClaimsGone,
+    /// Its node is lost: asked to stop, so that the pod goes as soon as the node is deleted or
+    /// declared out of service, whatever taints its template tolerates.
+    NodeLost,
 }
 
 /// What kind of failed attempt is counted.
@@ -118,6 +121,17 @@ pub enum Action {
         /// As for [`Action::RecordDrainPod`]: the failed pod's series, when the claims do not
         /// record it yet.
         series: Option<(Timestamp, String)>,
+    },
+    /// Record on the claims the node the removed pod was seen on while it was not ready (no
+    /// drain pod starts until that node is ready again, deleted or out of service), or forget
+    /// it (`None`).
+    RecordFence {
+        /// Ordinal.
+        ordinal: i32,
+        /// Claims to annotate.
+        claims: Vec<ClaimRef>,
+        /// The node, or `None` to forget it.
+        node: Option<String>,
     },
     /// Record when a scale-up brought the ordinal back under `finish`.
     RecordReturn {
@@ -205,6 +219,7 @@ impl Action {
             | Self::RecordDrainPod { ordinal, .. }
             | Self::RecordFailure { ordinal, .. }
             | Self::RecordReturn { ordinal, .. }
+            | Self::RecordFence { ordinal, .. }
             | Self::RecordSuccess { ordinal, .. }
             | Self::DeleteDrainPod { ordinal, .. }
             | Self::RetainVolumes { ordinal, .. }
@@ -295,4 +310,6 @@ pub struct Plan {
     pub requeue_after: Option<Duration>,
     /// Ordinals whose drain pod runs but showed nothing for the quiet time (for the metric).
     pub quiet: std::collections::BTreeSet<i32>,
+    /// Ordinals whose drain pod is bound to a lost node, with the node (for the metric).
+    pub on_lost_nodes: BTreeMap<i32, String>,
 }

@@ -39,6 +39,9 @@ pub struct DrainRecord {
     /// Whether the claim is held ([`drain_api::claim_annotations::HOLD`]): restored from a
     /// retained volume, not to be drained.
     pub held: bool,
+    /// The node the removed pod was seen on while it was not ready
+    /// ([`drain_api::claim_annotations::FENCE_NODE`]).
+    pub fence_node: Option<String>,
 }
 
 impl DrainRecord {
@@ -141,6 +144,11 @@ pub struct DrainPod {
     pub started_at: Option<Timestamp>,
     /// The progress it publishes on itself, if it does.
     pub progress: Option<DrainProgress>,
+    /// The node it is bound to, once scheduled.
+    pub node: Option<String>,
+    /// Whether its `Ready` condition is true (the node lifecycle controller makes it false on
+    /// every pod of a node that stops answering).
+    pub ready: bool,
 }
 
 impl DrainPod {
@@ -239,6 +247,36 @@ pub struct Deletion {
     pub node: Option<String>,
 }
 
+/// What the controller learned of a node: the node of a drain pod that is not ready or is being
+/// deleted, of a removed stateful pod still being deleted past its grace period, or the fence
+/// node an ordinal's claims record (read live; see [`Snapshot::nodes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeHealth {
+    /// Its `Ready` condition is true (or it has none yet).
+    Ready {
+        /// When the condition last changed.
+        since: Option<Timestamp>,
+    },
+    /// Its `Ready` condition is not true: the kubelet stopped posting status (`Unknown`) or
+    /// reports the node not ready (`False`).
+    NotReady {
+        /// When the condition last changed.
+        since: Option<Timestamp>,
+        /// The condition's status, reason and message, in a few words.
+        why: String,
+        /// Whether it is tainted `node.kubernetes.io/out-of-service` (a person declared it
+        /// shut down: the cluster removes its pods).
+        out_of_service: bool,
+    },
+    /// No Node object has its name (deleted: the cluster removes its pods).
+    Gone,
+    /// It could not be read.
+    Unreadable {
+        /// The error.
+        error: String,
+    },
+}
+
 /// What the planner sees of one StatefulSet.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
@@ -262,4 +300,7 @@ pub struct Snapshot {
     pub pods: Vec<PodObs>,
     /// The ordinal states of the last status report.
     pub previous: BTreeMap<i32, OrdinalState>,
+    /// The health of the nodes read live, by name (see [`NodeHealth`]); a drain pod's node not
+    /// here is taken as ready, a fence node not here as not ready.
+    pub nodes: BTreeMap<String, NodeHealth>,
 }

@@ -50,6 +50,9 @@ pub(super) fn merged_record(claims: &[&Claim]) -> DrainRecord {
             best.returned_at = r.returned_at;
         }
         best.held |= r.held;
+        if best.fence_node.is_none() {
+            best.fence_node.clone_from(&r.fence_node);
+        }
     }
     best
 }
@@ -175,6 +178,8 @@ pub(super) struct Planner<'a> {
     pub(super) settings: &'a Settings,
     pub(super) set_name: &'a str,
     pub(super) claim_templates: &'a [String],
+    /// The health of drain pods' nodes that were read ([`super::Snapshot::nodes`]).
+    pub(super) nodes: &'a std::collections::BTreeMap<String, super::observed::NodeHealth>,
     pub(super) now: Timestamp,
     pub(super) plan: Plan,
     /// Slots taken by drains in flight (a drain pod exists, or a retry is pending).

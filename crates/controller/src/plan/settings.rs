@@ -46,6 +46,8 @@ pub struct Settings {
     pub quiet_after: Option<Duration>,
     /// A drain pod whose containers restarted this often is stuck.
     pub max_restarts: u32,
+    /// A drain pod's node whose `Ready` condition has not been true this long is lost.
+    pub node_lost_after: Duration,
     /// Under `finish`, the longest a returning ordinal waits for its drain.
     pub scale_up_wait: Duration,
     /// Whether drained claims are deleted only once approved (`drain-approval: manual`).
@@ -73,6 +75,7 @@ impl Default for Settings {
             stuck_after: Duration::from_secs(300),
             quiet_after: Some(Duration::from_secs(1800)),
             max_restarts: 3,
+            node_lost_after: Duration::from_secs(60),
             scale_up_wait: Duration::from_secs(300),
             manual_approval: false,
             proof: SuccessProof::CompletionRecord,

@@ -95,6 +95,8 @@ fn drain_pod(ordinal: i32, phase: DrainPhase, claims: &[&Claim]) -> PodObs {
             blocker: None,
             started_at: (phase != DrainPhase::Pending).then(|| t(-90)),
             progress: None,
+            node: (phase != DrainPhase::Pending).then(|| "n1".to_owned()),
+            ready: phase == DrainPhase::Running,
         }),
     }
 }
@@ -163,6 +165,7 @@ fn snap(replicas: i32, claims: Vec<Claim>, pods: Vec<PodObs>) -> Snapshot {
         claims,
         pods,
         previous: BTreeMap::new(),
+        nodes: BTreeMap::new(),
     }
 }
 
@@ -893,20 +896,25 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
         any::<bool>(),
         prop::option::of(-400i64..50),
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
     )
         .prop_map(
-            |(attempts, first, retry, has_pod, counted, stale, returned, held)| DrainRecord {
-                attempts,
-                first_attempt_at: first.map(t),
-                retry_after: retry.map(t),
-                last_failure: (attempts > 0).then(|| "x".to_owned()),
-                pod_uid: has_pod.then(|| "uid-p".to_owned()),
-                counted_pod_uid: counted.then(|| "uid-p".to_owned()),
-                template_hash: Some(if stale { "h0" } else { HASH }.to_owned()),
-                returned_at: returned.map(t),
-                approved: false,
-                succeeded_pod_uid: None,
-                held,
+            |(attempts, first, retry, has_pod, counted, stale, returned, held, fenced)| {
+                DrainRecord {
+                    attempts,
+                    first_attempt_at: first.map(t),
+                    retry_after: retry.map(t),
+                    last_failure: (attempts > 0).then(|| "x".to_owned()),
+                    pod_uid: has_pod.then(|| "uid-p".to_owned()),
+                    counted_pod_uid: counted.then(|| "uid-p".to_owned()),
+                    template_hash: Some(if stale { "h0" } else { HASH }.to_owned()),
+                    returned_at: returned.map(t),
+                    approved: false,
+                    succeeded_pod_uid: None,
+                    held,
+                    // A fence node no snapshot reads: never ready, so no drain may start.
+                    fence_node: fenced.then(|| "n9".to_owned()),
+                }
             },
         )
 }
@@ -2979,3 +2987,5 @@ fn a_removed_stateful_pod_stuck_terminating_blocks_with_a_warning() {
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     assert!(matches!(p.status[&2], OrdinalState::Waiting { .. }));
 }
+
+mod nodes;

@@ -65,7 +65,7 @@ pub struct ReasonLabels {
 pub struct RequestLabels {
     /// `get`, `list`, `create`, `patch`, `delete`.
     pub verb: String,
-    /// `pods`, `persistentvolumeclaims`, `persistentvolumes`, `statefulsets` (Events are not
+    /// `pods`, `persistentvolumeclaims`, `persistentvolumes`, `nodes`, `statefulsets` (Events are not
     /// counted).
     pub resource: String,
     /// HTTP status, `0` when no answer came.
@@ -92,6 +92,8 @@ pub struct Metrics {
     pub drains_in_progress: Family<SetLabels, Gauge>,
     /// Drains quiet for `--quiet-after`.
     pub quiet_drains: Family<SetLabels, Gauge>,
+    /// Drains whose drain pod is bound to a lost node.
+    pub drains_on_lost_nodes: Family<SetLabels, Gauge>,
     /// Ordinals waiting for a drain.
     pub orphaned_claims_waiting: Family<SetLabels, Gauge>,
     /// Drain pod created → finished, successful drains.
@@ -157,6 +159,7 @@ impl Default for Metrics {
             drains_gave_up: Family::default(),
             drains_in_progress: Family::default(),
             quiet_drains: Family::default(),
+            drains_on_lost_nodes: Family::default(),
             orphaned_claims_waiting: Family::default(),
             drain_duration,
             // 1 ms to about 33 s.
@@ -208,6 +211,11 @@ impl Default for Metrics {
             "quiet_drains",
             "Drains with no progress and no container change for --quiet-after",
             m.quiet_drains.clone(),
+        );
+        r.register(
+            "drains_on_lost_nodes",
+            "Drains whose drain pod is bound to a node not ready for --node-lost-after, or deleted",
+            m.drains_on_lost_nodes.clone(),
         );
         r.register(
             "orphaned_claims_waiting",
@@ -354,6 +362,9 @@ impl Metrics {
         self.quiet_drains
             .get_or_create(&set)
             .set(i64::try_from(plan.quiet.len()).unwrap_or(i64::MAX));
+        self.drains_on_lost_nodes
+            .get_or_create(&set)
+            .set(i64::try_from(plan.on_lost_nodes.len()).unwrap_or(i64::MAX));
         self.orphaned_claims_waiting
             .get_or_create(&set)
             .set(count(|s| {
@@ -380,6 +391,7 @@ impl Metrics {
             self.drains_gave_up.remove(set);
             self.drains_in_progress.remove(set);
             self.quiet_drains.remove(set);
+            self.drains_on_lost_nodes.remove(set);
             self.orphaned_claims_waiting.remove(set);
             self.drain_duration.remove(set);
             for kind in FAILURE_KINDS.into_iter().filter_map(failure_label) {

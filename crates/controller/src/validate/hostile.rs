@@ -194,6 +194,7 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
         claims: vec![orphaned_claim(1)],
         pods: Vec::new(),
         previous: BTreeMap::new(),
+        nodes: BTreeMap::new(),
     };
     let plan = plan::plan(&snap, &settings, Timestamp::UNIX_EPOCH);
     let creates = plan

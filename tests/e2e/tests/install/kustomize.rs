@@ -320,6 +320,7 @@ pub fn controller_rules<'a>(objects: &'a [Value], role_kind: &str) -> Result<&'a
                 && name(o).starts_with(NAME)
                 && !name(o).contains("leader")
                 && !name(o).contains("volumes")
+                && !name(o).ends_with("-nodes")
         })
         .with_context(|| format!("no {role_kind}"))?;
     Ok(&role["rules"])

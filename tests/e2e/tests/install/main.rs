@@ -130,7 +130,9 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
     ensure!(
         scoped
             == [
+                format!("ClusterRole {NAME}-nodes"),
                 format!("ClusterRole {NAME}-volumes"),
+                format!("ClusterRoleBinding {NAME}-nodes"),
                 format!("ClusterRoleBinding {NAME}-volumes"),
                 format!("Namespace {SYSTEM_NAMESPACE}"),
             ],
@@ -148,6 +150,12 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
                 == json!([{"apiGroups": [""], "resources": ["persistentvolumes"],
                            "verbs": ["get", "list", "patch"]}]),
             "{overlay}: volumes role {role}"
+        );
+        let nodes = the(&rendered[overlay], "ClusterRole", &format!("{NAME}-nodes"))?;
+        ensure!(
+            nodes["rules"]
+                == json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]),
+            "{overlay}: nodes role {nodes}"
         );
     }
     for k in ["Role", "RoleBinding"] {
@@ -223,7 +231,9 @@ async fn every_overlay_renders_and_the_api_server_accepts_it() -> Result<()> {
     ensure!(
         scoped
             == [
+                format!("ClusterRole {NAME}-nodes"),
                 format!("ClusterRole {NAME}-volumes"),
+                format!("ClusterRoleBinding {NAME}-nodes"),
                 format!("ClusterRoleBinding {NAME}-volumes"),
                 format!("Namespace {SYSTEM_NAMESPACE}"),
             ],
@@ -299,6 +309,7 @@ const CLUSTER_WIDE_ALLOWED: &[&[&str]] = &[
     &["create", "events.events.k8s.io", "-n", "default"],
     &["list", "persistentvolumes"],
     &["patch", "persistentvolumes"],
+    &["get", "nodes"],
 ];
 const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
     &["get", "secrets", "-n", "default"],
@@ -307,6 +318,8 @@ const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
     &["delete", "persistentvolumes"],
     &["create", "persistentvolumes"],
     &["list", "namespaces"],
+    &["list", "nodes"],
+    &["patch", "nodes"],
 ];
 
 #[tokio::test]
@@ -353,7 +366,8 @@ async fn drains_its_namespaces_only(
     // Its service account may do what the controller needs in each watched namespace and
     // nothing anywhere else: no cluster-scoped permission but reading and patching volumes.
     let o = other.name.as_str();
-    let mut allowed: Vec<Vec<&str>> = vec![vec!["patch", "persistentvolumes"]];
+    let mut allowed: Vec<Vec<&str>> =
+        vec![vec!["patch", "persistentvolumes"], vec!["get", "nodes"]];
     for w in watched {
         let w = w.name.as_str();
         allowed.extend([
@@ -636,10 +650,13 @@ async fn helm_install_watching_two_namespaces_drains_them_only() -> Result<()> {
     let mut cluster_scoped = cluster_scoped(&objects);
     cluster_scoped.sort();
     let volumes = format!("{NAME}{}-volumes", install.suffix);
+    let nodes = format!("{NAME}{}-nodes", install.suffix);
     ensure!(
         cluster_scoped
             == [
+                format!("ClusterRole {nodes}"),
                 format!("ClusterRole {volumes}"),
+                format!("ClusterRoleBinding {nodes}"),
                 format!("ClusterRoleBinding {volumes}")
             ],
         "cluster-scoped objects {cluster_scoped:?}"

@@ -13,7 +13,7 @@ use futures::{FutureExt, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, ObjectReference,
+    ContainerState, ContainerStateTerminated, ContainerStatus, Node, ObjectReference,
     PersistentVolumeClaim, Pod, PodStatus,
 };
 use kube::api::ObjectMeta;
@@ -222,6 +222,12 @@ impl SetWrites for FakeWrites<'_> {
         Ok(Some(patched))
     }
     async fn live_pod(&self, _name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+        Ok(None)
+    }
+    async fn node(&self, _name: &str) -> Result<Option<Node>, kube::Error> {
+        Ok(None)
+    }
+    async fn pod_node(&self, _name: &str) -> Result<Option<(String, Option<String>)>, kube::Error> {
         Ok(None)
     }
 }

@@ -12,7 +12,7 @@ use super::admit::{admit, check, ordinals};
 use super::context::{Context, Error, opted_in, set_reference};
 use super::memory::set_id;
 use super::report::{dry_run, rendered, settle, sort_failures};
-use super::snapshot::{observe_set, recheck_taken, retry_withdrawals};
+use super::snapshot::{observe_set, read_nodes, recheck_taken, retry_withdrawals};
 use super::writes::{Seam, write_status};
 
 use crate::act::{ActCtx, ActError};
@@ -62,6 +62,7 @@ pub(super) async fn reconcile<K: ServedSet, S: Seam>(
         // observe
         let mut snap = observe_set(&ctx, K::KIND, &set, !opted_in(&set), tenure);
         recheck_taken(&ctx, &writes, set_id(K::KIND, &set), &mut snap).await;
+        read_nodes(&writes, &mut snap).await;
         snap.reserved = range.reserved;
         snap.also_held = obj.start_fallback();
 

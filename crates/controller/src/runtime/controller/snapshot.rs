@@ -196,3 +196,62 @@ pub(super) async fn recheck_taken(
             .update(&id, |m| m.taken.retain(|o, _| !gone.contains(o)));
     }
 }
+
+/// Reads live the nodes the planner judges by ([`plan::NodeHealth`]): the node of each drain
+/// pod that is bound to one and is not ready, or is being deleted, while not finished (the node
+/// lifecycle controller makes every pod of a node that stops answering not ready, so a lost
+/// node shows there first); the node of each other pod still being deleted after its grace
+/// period (read live first: the stateful pods' cache holds no spec); and each node an
+/// ordinal's claims are fenced by. One read per node per reconcile.
+pub(super) async fn read_nodes(writes: &impl SetWrites, snap: &mut plan::Snapshot) {
+    let now = jiff::Timestamp::now();
+    let mut wanted = std::collections::BTreeSet::new();
+    for pod in &mut snap.pods {
+        match &pod.kind {
+            plan::PodKind::Drain(d)
+                if (!d.ready || pod.terminating)
+                    && !matches!(
+                        d.phase,
+                        plan::DrainPhase::Succeeded | plan::DrainPhase::Failed
+                    ) =>
+            {
+                wanted.extend(d.node.clone());
+            }
+            plan::PodKind::Other => {
+                let Some(deletion) = pod
+                    .deletion
+                    .as_mut()
+                    .filter(|d| d.due.is_some_and(|t| t <= now))
+                else {
+                    continue;
+                };
+                match writes.pod_node(&pod.name).await {
+                    Ok(Some((uid, node))) if uid == pod.uid => {
+                        deletion.node.clone_from(&node);
+                        wanted.extend(node);
+                    }
+                    Ok(_) => {}
+                    Err(e) => debug!(pod = %pod.name, error = %e, "could not read the pod's node"),
+                }
+            }
+            _ => {}
+        }
+    }
+    wanted.extend(
+        snap.claims
+            .iter()
+            .filter_map(|c| c.record.fence_node.clone()),
+    );
+    for node in wanted {
+        let health = match writes.node(&node).await {
+            Ok(found) => observe::node_health(found.as_ref()),
+            Err(e) => {
+                debug!(%node, error = %e, "could not read a node");
+                plan::NodeHealth::Unreadable {
+                    error: e.to_string(),
+                }
+            }
+        };
+        snap.nodes.insert(node, health);
+    }
+}

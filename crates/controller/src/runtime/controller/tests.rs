@@ -293,7 +293,7 @@ fn drain_pod() -> Pod {
 }
 
 #[test]
-fn drain_pod_fingerprint_ignores_readiness_and_follows_phase_deletion_and_annotations() {
+fn drain_pod_fingerprint_follows_readiness_phase_deletion_and_annotations() {
     check(
         drain_pod,
         drain_pod_fingerprint,
@@ -306,13 +306,22 @@ fn drain_pod_fingerprint_ignores_readiness_and_follows_phase_deletion_and_annota
                 false,
             ),
             (
-                "readiness",
+                "a container's readiness",
                 |p| {
                     let status = p.status.as_mut().unwrap();
-                    status.conditions.as_mut().unwrap()[0].status = "True".to_owned();
                     status.container_statuses.as_mut().unwrap()[0].ready = true;
                 },
                 false,
+            ),
+            // The node lifecycle controller makes every pod of a node that stops answering not
+            // ready: the first sign of a lost node.
+            (
+                "the pod's readiness",
+                |p| {
+                    let status = p.status.as_mut().unwrap();
+                    status.conditions.as_mut().unwrap()[0].status = "True".to_owned();
+                },
+                true,
             ),
             (
                 "pod IP",

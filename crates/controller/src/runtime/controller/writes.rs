@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use drain_api::{annotations, labels};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use kube::api::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -45,6 +47,14 @@ pub(super) trait SetWrites: Cluster + Send {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send;
+    /// The Node `name` now, read live (`None`: no such Node).
+    fn node(&self, name: &str) -> impl Future<Output = Result<Option<Node>, kube::Error>> + Send;
+    /// The UID and node of the pod holding `name` now, read live (the stateful pods' cache
+    /// holds no spec).
+    fn pod_node(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, kube::Error>> + Send;
 }
 
 /// Where a reconcile's writes go: the cluster ([`Kube`]), or a test's fake.
@@ -445,6 +455,25 @@ impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
         let result = self.pods.get_opt(name).await;
         self.ctx.metrics.request("get", "pods", &result);
         Ok(result?.map(|p| p.metadata))
+    }
+
+    async fn node(&self, name: &str) -> Result<Option<Node>, kube::Error> {
+        let result = Api::<Node>::all(self.ctx.client.clone())
+            .get_opt(name)
+            .await;
+        self.ctx.metrics.request("get", "nodes", &result);
+        result
+    }
+
+    async fn pod_node(&self, name: &str) -> Result<Option<(String, Option<String>)>, kube::Error> {
+        let result = self.pods.get_opt(name).await;
+        self.ctx.metrics.request("get", "pods", &result);
+        Ok(result?.map(|p| {
+            (
+                p.metadata.uid.unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name),
+            )
+        }))
     }
 }
 
