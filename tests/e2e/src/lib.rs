@@ -17,6 +17,7 @@ use kube::{Api, Client, Config};
 
 pub mod faults;
 pub mod kruise;
+pub mod nodes;
 pub mod objects;
 pub mod ops;
 pub mod redis;

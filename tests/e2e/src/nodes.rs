@@ -1,0 +1,157 @@
+//! The local cluster's nodes for the node tests: its workers (the nodes `tests/cluster/node` can
+//! fail: the host node runs the control plane and the tests' controllers), and faults on them
+//! that are undone when dropped, even when the test failed mid-way. Node tests take
+//! [`exclusive`] for their whole run, so no two of them fail nodes at once.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+
+use crate::repo_root;
+
+/// A way a node fails (`tests/cluster/node`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Its kubelet stops; its containers run on.
+    Stop,
+    /// Everything on it hangs.
+    Freeze,
+    /// Power loss: every process of it dies, its disk stays.
+    Kill,
+    /// Cut off the network: it runs on, unreachable.
+    Cut,
+}
+
+impl Fault {
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Freeze => "freeze",
+            Self::Kill => "kill",
+            Self::Cut => "cut",
+        }
+    }
+}
+
+fn node_script(args: &[&str]) -> Result<String> {
+    let out = Command::new(repo_root().join("tests/cluster/node"))
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("run tests/cluster/node")?;
+    ensure!(
+        out.status.success(),
+        "tests/cluster/node {} failed ({})",
+        args.join(" "),
+        out.status
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A failed node, restored (`tests/cluster/node restore`, which also removes the out-of-service
+/// taint and re-registers a deleted Node) when dropped.
+#[must_use = "the node is restored when this is dropped"]
+pub struct Failed {
+    node: String,
+}
+
+impl Failed {
+    /// Fails `node` as `fault` says.
+    pub fn new(fault: Fault, node: &str) -> Result<Self> {
+        crate::suite::say(format_args!("node {node}: {}", fault.verb()));
+        node_script(&[fault.verb(), node])?;
+        Ok(Self {
+            node: node.to_owned(),
+        })
+    }
+
+    /// Brings the node back now, and waits until it is Ready.
+    pub fn restore(self) -> Result<()> {
+        let node = self.node.clone();
+        std::mem::forget(self);
+        node_script(&["restore", &node]).map(|_| ())
+    }
+}
+
+impl Drop for Failed {
+    fn drop(&mut self) {
+        if let Err(e) = node_script(&["restore", &self.node]) {
+            eprintln!("restoring node {} failed: {e:#}", self.node);
+        }
+    }
+}
+
+/// Held by a node test for its whole run: node faults of two tests never overlap.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// The cluster's worker nodes, by name; fails (never skips) when it has fewer than `at_least`
+/// (`STSD_NODES=N tests/cluster/up` makes N nodes: the host and N−1 workers).
+pub async fn workers(client: &Client, at_least: usize) -> Result<Vec<String>> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    let workers: Vec<String> = nodes
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .filter(|n| n.starts_with("stsd-w"))
+        .collect();
+    if workers.len() < at_least {
+        bail!(
+            "this test needs {at_least} worker nodes and the cluster has {} ({workers:?}): \
+             bring it up with STSD_NODES={} tests/cluster/up (after tests/cluster/down)",
+            workers.len(),
+            at_least + 1
+        );
+    }
+    Ok(workers)
+}
+
+/// The host node (the one that is not a worker): it runs the control plane and is never failed.
+pub async fn host(client: &Client) -> Result<String> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    nodes
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .find(|n| !n.starts_with("stsd-w"))
+        .context("no host node")
+}
+
+/// Taints `node` `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, as a person who
+/// knows it is down for good does (non-graceful node shutdown).
+pub fn declare_out_of_service(node: &str) -> Result<()> {
+    let out = crate::kubectl()
+        .args([
+            "taint",
+            "node",
+            node,
+            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        ])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl taint node {node}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Cordons `node` (marks it unschedulable), or uncordons it.
+pub fn cordon(node: &str, cordoned: bool) -> Result<()> {
+    let verb = if cordoned { "cordon" } else { "uncordon" };
+    let out = crate::kubectl().args([verb, node]).output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl {verb} {node}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
