@@ -377,6 +377,41 @@ pub fn node_health(node: Option<&Node>) -> NodeHealth {
     }
 }
 
+/// The pods other than drain pods still being deleted after their grace period (`now` is past
+/// their deletion timestamp): their node is read live, to tell one stuck on a lost node.
+pub fn pods_to_locate(snap: &mut Snapshot, now: Timestamp) -> impl Iterator<Item = &mut PodObs> {
+    snap.pods.iter_mut().filter(move |p| {
+        matches!(p.kind, PodKind::Other)
+            && p.deletion
+                .as_ref()
+                .and_then(|d| d.due)
+                .is_some_and(|due| due <= now)
+    })
+}
+
+/// The nodes the planner judges by ([`NodeHealth`], read live): the node of each drain pod
+/// bound to one that is not ready or is being deleted while not finished (the node lifecycle
+/// controller makes every pod of a node that stops answering not ready, so a lost node shows
+/// there first), the node of each other pod located by [`pods_to_locate`], and each node an
+/// ordinal's claims are fenced by.
+pub fn nodes_to_read(snap: &Snapshot) -> std::collections::BTreeSet<String> {
+    let pods = snap.pods.iter().filter_map(|p| match &p.kind {
+        PodKind::Drain(d)
+            if (!d.ready || p.terminating)
+                && !matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed) =>
+        {
+            d.node.clone()
+        }
+        PodKind::Other => p.deletion.as_ref()?.node.clone(),
+        _ => None,
+    });
+    let fences = snap
+        .claims
+        .iter()
+        .filter_map(|c| c.record.fence_node.clone());
+    pods.chain(fences).collect()
+}
+
 /// Whether a regular container has a liveness or startup probe.
 fn kill_probes(pod: &Pod) -> bool {
     pod.spec

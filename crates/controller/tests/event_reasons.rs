@@ -24,6 +24,10 @@ const NOT_PUBLISHED: &[&str] = &[
     "PodScheduled",
     "PreCreateHookError",
     "RunContainerError",
+    // Node conditions, reasons and taint effects (a lost node is read from them).
+    "MemoryPressure",
+    "NodeStatusUnknown",
+    "NoExecute",
     // API status reasons and causes, selector operators, spec values and kinds.
     "DoesNotExist",
     "FieldValueInvalid",

@@ -221,13 +221,10 @@ impl SetWrites for FakeWrites<'_> {
         };
         Ok(Some(patched))
     }
-    async fn live_pod(&self, _name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+    async fn live_pod(&self, _name: &str) -> Result<Option<Pod>, kube::Error> {
         Ok(None)
     }
     async fn node(&self, _name: &str) -> Result<Option<Node>, kube::Error> {
-        Ok(None)
-    }
-    async fn pod_node(&self, _name: &str) -> Result<Option<(String, Option<String>)>, kube::Error> {
         Ok(None)
     }
 }

@@ -172,8 +172,8 @@ pub(super) async fn recheck_taken(
             continue;
         }
         match writes.live_pod(&name).await {
-            Ok(Some(pod)) if pod.uid.as_deref() == Some(uid.as_str()) => {
-                let mut seen = observe::other_pod(&pod, ordinal);
+            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                let mut seen = observe::other_pod(&pod.metadata, ordinal);
                 seen.kind = plan::PodKind::Unknown;
                 snap.pods.push(seen);
             }
@@ -197,60 +197,28 @@ pub(super) async fn recheck_taken(
     }
 }
 
-/// Reads live the nodes the planner judges by ([`plan::NodeHealth`]): the node of each drain
-/// pod that is bound to one and is not ready, or is being deleted, while not finished (the node
-/// lifecycle controller makes every pod of a node that stops answering not ready, so a lost
-/// node shows there first); the node of each other pod still being deleted after its grace
-/// period (read live first: the stateful pods' cache holds no spec); and each node an
-/// ordinal's claims are fenced by. One read per node per reconcile.
+/// Reads live what [`observe::nodes_to_read`] names: the node of each removed pod still being
+/// deleted past its grace period (the stateful pods' cache holds no spec), then each node the
+/// planner judges by. One read per node per reconcile.
 pub(super) async fn read_nodes(writes: &impl SetWrites, snap: &mut plan::Snapshot) {
-    let now = jiff::Timestamp::now();
-    let mut wanted = std::collections::BTreeSet::new();
-    for pod in &mut snap.pods {
-        match &pod.kind {
-            plan::PodKind::Drain(d)
-                if (!d.ready || pod.terminating)
-                    && !matches!(
-                        d.phase,
-                        plan::DrainPhase::Succeeded | plan::DrainPhase::Failed
-                    ) =>
-            {
-                wanted.extend(d.node.clone());
+    for pod in observe::pods_to_locate(snap, jiff::Timestamp::now()) {
+        match writes.live_pod(&pod.name).await {
+            Ok(Some(live)) if live.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
+                let node = live.spec.and_then(|s| s.node_name);
+                pod.deletion
+                    .iter_mut()
+                    .for_each(|d| d.node.clone_from(&node));
             }
-            plan::PodKind::Other => {
-                let Some(deletion) = pod
-                    .deletion
-                    .as_mut()
-                    .filter(|d| d.due.is_some_and(|t| t <= now))
-                else {
-                    continue;
-                };
-                match writes.pod_node(&pod.name).await {
-                    Ok(Some((uid, node))) if uid == pod.uid => {
-                        deletion.node.clone_from(&node);
-                        wanted.extend(node);
-                    }
-                    Ok(_) => {}
-                    Err(e) => debug!(pod = %pod.name, error = %e, "could not read the pod's node"),
-                }
-            }
-            _ => {}
+            Ok(_) => {}
+            Err(e) => debug!(pod = %pod.name, error = %e, "could not read the pod's node"),
         }
     }
-    wanted.extend(
-        snap.claims
-            .iter()
-            .filter_map(|c| c.record.fence_node.clone()),
-    );
-    for node in wanted {
+    for node in observe::nodes_to_read(snap) {
         let health = match writes.node(&node).await {
             Ok(found) => observe::node_health(found.as_ref()),
-            Err(e) => {
-                debug!(%node, error = %e, "could not read a node");
-                plan::NodeHealth::Unreadable {
-                    error: e.to_string(),
-                }
-            }
+            Err(e) => plan::NodeHealth::Unreadable {
+                error: e.to_string(),
+            },
         };
         snap.nodes.insert(node, health);
     }

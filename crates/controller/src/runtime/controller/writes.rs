@@ -10,7 +10,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
-use kube::api::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -42,19 +41,11 @@ pub(super) trait SetWrites: Cluster + Send {
         set: &StatefulSet,
         status: Option<String>,
     ) -> impl Future<Output = Result<Option<StatefulSet>, kube::Error>> + Send;
-    /// The metadata of the pod holding `name` now, read live.
-    fn live_pod(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send;
+    /// The pod holding `name` now, read live.
+    fn live_pod(&self, name: &str)
+    -> impl Future<Output = Result<Option<Pod>, kube::Error>> + Send;
     /// The Node `name` now, read live (`None`: no such Node).
     fn node(&self, name: &str) -> impl Future<Output = Result<Option<Node>, kube::Error>> + Send;
-    /// The UID and node of the pod holding `name` now, read live (the stateful pods' cache
-    /// holds no spec).
-    fn pod_node(
-        &self,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<(String, Option<String>)>, kube::Error>> + Send;
 }
 
 /// Where a reconcile's writes go: the cluster ([`Kube`]), or a test's fake.
@@ -451,10 +442,10 @@ impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
         }
     }
 
-    async fn live_pod(&self, name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+    async fn live_pod(&self, name: &str) -> Result<Option<Pod>, kube::Error> {
         let result = self.pods.get_opt(name).await;
         self.ctx.metrics.request("get", "pods", &result);
-        Ok(result?.map(|p| p.metadata))
+        result
     }
 
     async fn node(&self, name: &str) -> Result<Option<Node>, kube::Error> {
@@ -463,17 +454,6 @@ impl<K: ServedSet> SetWrites for KubeCluster<'_, K> {
             .await;
         self.ctx.metrics.request("get", "nodes", &result);
         result
-    }
-
-    async fn pod_node(&self, name: &str) -> Result<Option<(String, Option<String>)>, kube::Error> {
-        let result = self.pods.get_opt(name).await;
-        self.ctx.metrics.request("get", "pods", &result);
-        Ok(result?.map(|p| {
-            (
-                p.metadata.uid.unwrap_or_default(),
-                p.spec.and_then(|s| s.node_name),
-            )
-        }))
     }
 }
 
