@@ -105,17 +105,16 @@ async fn apply_one<C: Cluster>(
             ordinal,
             claims,
             attempt,
+            avoid_nodes,
             new_series,
         } => {
-            create_drain_pod(
-                cluster,
-                ctx,
-                *ordinal,
+            let new = steps::NewDrainPod {
                 claims,
-                *attempt,
-                new_series.as_ref(),
-            )
-            .await
+                attempt: *attempt,
+                avoid_nodes,
+                new_series: new_series.as_ref(),
+            };
+            create_drain_pod(cluster, ctx, *ordinal, &new).await
         }
         Action::RecordDrainPod {
             claims,
@@ -145,6 +144,10 @@ async fn apply_one<C: Cluster>(
             record_failure(cluster, ctx, *ordinal, claims, &failure).await
         }
         Action::RecordReturn { claims, at, .. } => record_return(cluster, claims, *at).await,
+        Action::RecordLostNodes { claims, nodes, .. } => {
+            let record = set(&[(claim_annotations::LOST_NODES, nodes.join(","))]);
+            annotate_all(cluster, claims, &record).await
+        }
         Action::RecordFence { claims, node, .. } => {
             let record = BTreeMap::from([(claim_annotations::FENCE_NODE.to_owned(), node.clone())]);
             annotate_all(cluster, claims, &record).await

@@ -44,6 +44,16 @@ pub fn drain_record(meta: &ObjectMeta) -> DrainRecord {
         succeeded_pod_uid: annotation(meta, claim_annotations::SUCCEEDED_POD_UID)
             .map(str::to_owned),
         held: annotation(meta, claim_annotations::HOLD).is_some(),
+        lost_nodes: annotation(meta, claim_annotations::LOST_NODES)
+            .map(|v| {
+                let nodes: std::collections::BTreeSet<&str> = v
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                nodes.into_iter().map(str::to_owned).collect()
+            })
+            .unwrap_or_default(),
         fence_node: annotation(meta, claim_annotations::FENCE_NODE)
             .map(str::trim)
             .filter(|n| !n.is_empty())

@@ -106,8 +106,11 @@ pub mod claim_annotations {
     /// containers may still run there and write the volume, so no drain pod starts until the
     /// node is ready again, deleted, or tainted out of service.
     pub const FENCE_NODE: &str = "statefulsets.kubernetes.io/drain-fence-node";
+    /// Comma-separated nodes an earlier drain pod of this ordinal was lost on: later drain pods
+    /// are kept off them (a template that tolerates every taint would go back there).
+    pub const LOST_NODES: &str = "statefulsets.kubernetes.io/drain-lost-nodes";
     /// Every annotation above: what clearing an ordinal's drain record removes.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         ATTEMPTS,
         FIRST_ATTEMPT_AT,
         RETRY_AFTER,
@@ -120,6 +123,7 @@ pub mod claim_annotations {
         SUCCEEDED_POD_UID,
         HOLD,
         FENCE_NODE,
+        LOST_NODES,
     ];
 }
 

@@ -62,6 +62,11 @@ fn datastore(
                 "      terminationGracePeriodSeconds: 10\n",
                 &format!("      terminationGracePeriodSeconds: 10\n      {placement}\n"),
             ),
+            // The drain pods go where the template says, not where the set's pods go.
+            (
+                "    statefulsets.kubernetes.io/drainer-pod-template: |\n",
+                "    statefulsets.kubernetes.io/drain-inherit-pod-spec: \"false\"\n    statefulsets.kubernetes.io/drainer-pod-template: |\n",
+            ),
             (
                 r#""serviceAccountName": "datastore-drainer","#,
                 &format!(
@@ -290,6 +295,7 @@ async fn a_removed_pod_force_deleted_on_a_cut_off_node_starts_no_drain_until_the
         "force delete: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    e2e::faults::wait_ordinal_state(&ns, "datastore", 1, "blocked").await?;
     e2e::faults::hold(
         Duration::from_secs(20),
         "no drain pod while the node is cut off",

@@ -72,6 +72,14 @@ pub fn dry_run_event(ctx: &ActCtx<'_>, action: &Action) -> EventSpec {
                 if *gave_up { "; and give up" } else { "" }
             ),
         ),
+        Action::RecordLostNodes { claims, nodes, .. } => (
+            "DryRunRecordLostNodes",
+            format!(
+                "would record on claims {} that drain pods of {pod} were lost on nodes {}",
+                names(claims),
+                nodes.join(", ")
+            ),
+        ),
         Action::RecordFence { claims, node, .. } => (
             "DryRunRecordFence",
             match node {
@@ -204,6 +212,7 @@ pub fn events(ctx: &ActCtx<'_>, action: &Action, outcome: &Outcome) -> Vec<Event
         Action::RecordDrainPod { .. }
         | Action::RecordReturn { .. }
         | Action::RecordFence { .. }
+        | Action::RecordLostNodes { .. }
         | Action::RecordSuccess { .. }
         | Action::ClearRecord { .. } => Vec::new(),
     }

@@ -221,6 +221,16 @@ pub(super) async fn clear_record<C: Cluster>(
     annotate_all(cluster, claims, &clear).await
 }
 
+/// The drain pod [`create_drain_pod`] makes: its claims by template, its attempt, the nodes it
+/// is kept off, and the series to record when it starts one.
+#[derive(Clone, Copy)]
+pub(super) struct NewDrainPod<'a> {
+    pub(super) claims: &'a BTreeMap<String, ClaimRef>,
+    pub(super) attempt: u32,
+    pub(super) avoid_nodes: &'a [String],
+    pub(super) new_series: Option<&'a (Timestamp, String)>,
+}
+
 /// Starts a new series on the claims if the plan says so, creates the drain pod and records its
 /// UID on the claims, right after the create.
 ///
@@ -235,10 +245,14 @@ pub(super) async fn create_drain_pod<C: Cluster>(
     cluster: &C,
     ctx: &ActCtx<'_>,
     ordinal: i32,
-    claims: &BTreeMap<String, ClaimRef>,
-    attempt: u32,
-    new_series: Option<&(Timestamp, String)>,
+    new: &NewDrainPod<'_>,
 ) -> Result<Outcome, ActError> {
+    let NewDrainPod {
+        claims,
+        attempt,
+        avoid_nodes,
+        new_series,
+    } = *new;
     let name = ctx.pod_name(ordinal);
     let template = ctx
         .template
@@ -251,6 +265,7 @@ pub(super) async fn create_drain_pod<C: Cluster>(
             .iter()
             .map(|(t, c)| (t.clone(), (c.name.clone(), c.uid.clone())))
             .collect(),
+        avoid_nodes: avoid_nodes.to_vec(),
     });
     let confirm = |source| ActError::Confirm {
         what: "the statefulset".to_owned(),

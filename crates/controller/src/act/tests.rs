@@ -243,6 +243,7 @@ fn create(attempt: u32, first: bool) -> Action {
         ordinal: 2,
         claims: BTreeMap::from([("data".to_owned(), claim(2))]),
         attempt,
+        avoid_nodes: Vec::new(),
         new_series: first.then(|| (now(), "h1".to_owned())),
     }
 }

@@ -81,6 +81,8 @@ pub enum Action {
         claims: BTreeMap<String, ClaimRef>,
         /// 1 for the first attempt of the series.
         attempt: u32,
+        /// Nodes earlier drain pods of the ordinal were lost on: the pod is kept off them.
+        avoid_nodes: Vec<String>,
         /// Set when this starts a new series of attempts: its start time and template hash.
         new_series: Option<(Timestamp, String)>,
     },
@@ -132,6 +134,15 @@ pub enum Action {
         claims: Vec<ClaimRef>,
         /// The node, or `None` to forget it.
         node: Option<String>,
+    },
+    /// Record on the claims the nodes the ordinal's drain pods were lost on (all of them).
+    RecordLostNodes {
+        /// Ordinal.
+        ordinal: i32,
+        /// Claims to annotate.
+        claims: Vec<ClaimRef>,
+        /// The nodes.
+        nodes: Vec<String>,
     },
     /// Record when a scale-up brought the ordinal back under `finish`.
     RecordReturn {
@@ -220,6 +231,7 @@ impl Action {
             | Self::RecordFailure { ordinal, .. }
             | Self::RecordReturn { ordinal, .. }
             | Self::RecordFence { ordinal, .. }
+            | Self::RecordLostNodes { ordinal, .. }
             | Self::RecordSuccess { ordinal, .. }
             | Self::DeleteDrainPod { ordinal, .. }
             | Self::RetainVolumes { ordinal, .. }

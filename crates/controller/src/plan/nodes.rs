@@ -77,6 +77,16 @@ impl Planner<'_> {
                 true,
             ));
         }
+        if !ord.record.lost_nodes.iter().any(|n| n == node) && !ord.live.is_empty() {
+            let mut nodes = ord.record.lost_nodes.clone();
+            nodes.push(node.to_owned());
+            nodes.sort();
+            self.act(Action::RecordLostNodes {
+                ordinal: ord.ordinal,
+                claims: ord.live_refs(),
+                nodes,
+            });
+        }
         self.plan.on_lost_nodes.insert(ord.ordinal, node.to_owned());
         let state = OrdinalState::Stuck {
             attempt: ord.record.attempts + 1,

@@ -42,6 +42,9 @@ pub struct DrainRecord {
     /// The node the removed pod was seen on while it was not ready
     /// ([`drain_api::claim_annotations::FENCE_NODE`]).
     pub fence_node: Option<String>,
+    /// Nodes an earlier drain pod of the ordinal was lost on, sorted
+    /// ([`drain_api::claim_annotations::LOST_NODES`]): new drain pods are kept off them.
+    pub lost_nodes: Vec<String>,
 }
 
 impl DrainRecord {

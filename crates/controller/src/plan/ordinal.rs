@@ -53,6 +53,9 @@ pub(super) fn merged_record(claims: &[&Claim]) -> DrainRecord {
         if best.fence_node.is_none() {
             best.fence_node.clone_from(&r.fence_node);
         }
+        best.lost_nodes.extend(r.lost_nodes.iter().cloned());
+        best.lost_nodes.sort();
+        best.lost_nodes.dedup();
     }
     best
 }

@@ -46,6 +46,7 @@ impl Planner<'_> {
                     })
                     .collect(),
                 attempt,
+                avoid_nodes: record.lost_nodes.clone(),
                 new_series,
             });
             self.plan.status.insert(

@@ -207,6 +207,7 @@ fn create(ordinal: i32, claims: &[&Claim], attempt: u32, first: Option<Timestamp
             })
             .collect(),
         attempt,
+        avoid_nodes: Vec::new(),
         new_series: first.map(|at| (at, HASH.to_owned())),
     }
 }
@@ -914,6 +915,7 @@ fn arb_record() -> impl Strategy<Value = DrainRecord> {
                     held,
                     // A fence node no snapshot reads: never ready, so no drain may start.
                     fence_node: fenced.then(|| "n9".to_owned()),
+                    lost_nodes: Vec::new(),
                 }
             },
         )

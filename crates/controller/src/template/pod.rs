@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 
 use drain_api::completion::CompletionRecord;
 use drain_api::{env, labels, pod_annotations};
-use k8s_openapi::api::core::v1::{EnvVar, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume};
+use k8s_openapi::api::core::v1::{
+    EnvVar, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaimVolumeSource, Pod,
+    PodSpec, Volume,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde_json::Value;
 
@@ -47,6 +50,9 @@ pub struct DrainPodInput {
     /// are recorded on the pod so that only exactly these claims are deleted once it succeeds;
     /// each claim name should be [`DrainTemplate::claim_name`] of its template.
     pub claims: BTreeMap<String, (String, String)>,
+    /// Nodes the pod must not run on (earlier drain pods of the ordinal were lost there): a
+    /// `metadata.name NotIn` term added to every required node selector term.
+    pub avoid_nodes: Vec<String>,
 }
 
 /// The labels of a drain pod: the template's, then ours.
@@ -132,6 +138,7 @@ impl DrainTemplate {
         let mut spec = self.spec.clone();
 
         spec.hostname = Some(name.clone());
+        avoid(&mut spec, &input.avoid_nodes);
         if let Some(service_name) = &self.service_name {
             spec.subdomain = Some(service_name.clone());
         }
@@ -239,5 +246,36 @@ impl DrainTemplate {
             value_from: None,
         })
         .collect()
+    }
+}
+
+/// Keeps the pod off `nodes`: a `metadata.name NotIn nodes` requirement in each of its
+/// required node selector terms (which are ORed: each must exclude them), or in a term of its
+/// own when it has none.
+fn avoid(spec: &mut PodSpec, nodes: &[String]) {
+    if nodes.is_empty() {
+        return;
+    }
+    let off = NodeSelectorRequirement {
+        key: "metadata.name".to_owned(),
+        operator: "NotIn".to_owned(),
+        values: Some(nodes.to_vec()),
+    };
+    let required = spec
+        .affinity
+        .get_or_insert_with(Default::default)
+        .node_affinity
+        .get_or_insert_with(Default::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Default::default);
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_fields
+            .get_or_insert_with(Vec::new)
+            .push(off.clone());
     }
 }

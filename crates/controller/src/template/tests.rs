@@ -454,6 +454,7 @@ fn builds_the_exact_pod() {
             ("data".into(), ("data-web-2".into(), "u1".into())),
             ("logs".into(), ("logs-web-2".into(), "u2".into())),
         ]),
+        avoid_nodes: Vec::new(),
     };
 
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
@@ -664,6 +665,7 @@ fn env_is_added_to_every_container_and_kept_when_defined() {
             ordinal: 4,
             replicas: 1,
             claims: BTreeMap::new(),
+            avoid_nodes: Vec::new(),
         });
     let spec = pod.spec.unwrap();
     let all = spec
@@ -746,6 +748,7 @@ fn the_completion_record_names_exactly_the_pods_claims() {
             ordinal: 2,
             replicas: 2,
             claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
+            avoid_nodes: Vec::new(),
         });
     let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
     let record = vars
@@ -778,6 +781,7 @@ fn the_completion_record_variable_is_always_the_controllers() {
             ordinal: 2,
             replicas: 2,
             claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
+            avoid_nodes: Vec::new(),
         });
     let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
     let records: Vec<_> = vars
@@ -839,7 +843,9 @@ proptest! {
                 (template, (name, uid))
             })
             .collect();
-        let pod = drain.pod(&DrainPodInput { ordinal, replicas, claims: claims.clone() });
+        let pod = drain.pod(&DrainPodInput { ordinal, replicas, claims: claims.clone(),
+    avoid_nodes: Vec::new(),
+});
 
         let pod_name = format!("{set_name}-{ordinal}");
         prop_assert_eq!(pod.metadata.name.as_deref(), Some(pod_name.as_str()));
@@ -881,6 +887,7 @@ fn a_missing_claim_is_not_replaced_by_an_empty_dir() {
         ordinal: 3,
         replicas: 1,
         claims: BTreeMap::from([("data".to_owned(), ("data-web-3".to_owned(), "u".to_owned()))]),
+        avoid_nodes: Vec::new(),
     };
     let volumes = drain.pod(&input).spec.unwrap().volumes.unwrap();
     for (template, claim) in [("data", "data-web-3"), ("logs", "logs-web-3")] {
@@ -923,6 +930,7 @@ fn each_containers_record_names_exactly_the_claims_it_mounts() {
                 ("data".into(), ("data-web-2".into(), "u1".into())),
                 ("index".into(), ("index-web-2".into(), "u2".into())),
             ]),
+            avoid_nodes: Vec::new(),
         });
     let spec = pod.spec.unwrap();
     let record = |c: &k8s_openapi::api::core::v1::Container| {
@@ -956,4 +964,64 @@ fn each_containers_record_names_exactly_the_claims_it_mounts() {
             ("init".to_owned(), BTreeMap::from([index])),
         ])
     );
+}
+
+#[test]
+fn a_drain_pod_is_kept_off_the_nodes_to_avoid_in_every_required_term() {
+    let pod_with = |affinity: Value, avoid: &[&str]| -> Value {
+        let set = valid()
+            .drain_template(&template_with(
+                json!({}),
+                json!({"affinity": affinity, "containers": [{"name": "a", "volumeMounts": [{"name": "data", "mountPath": "/d"}]}]}),
+            ))
+            .build();
+        let pod = validate(&set, &DrainConfig::default())
+            .unwrap()
+            .pod(&DrainPodInput {
+                ordinal: 2,
+                replicas: 2,
+                claims: BTreeMap::new(),
+                avoid_nodes: avoid.iter().map(|n| (*n).to_owned()).collect(),
+            });
+        serde_json::to_value(pod.spec.unwrap().affinity).unwrap()
+    };
+    let off = json!({"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n2"]});
+    // No affinity of its own: one term that excludes them.
+    assert_eq!(
+        pod_with(json!(null), &["n1", "n2"]),
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchFields": [off]}]}}})
+    );
+    // Terms of its own (ORed): each excludes them; preferences and pod affinity kept.
+    let own = json!({
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n3"]}]},
+            ]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [{"key": "ssd", "operator": "Exists"}]}},
+            ],
+        },
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "b"}}},
+        ]},
+    });
+    let got = pod_with(own.clone(), &["n1", "n2"]);
+    let terms =
+        &got["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    assert_eq!(terms[0]["matchFields"], json!([off]));
+    assert_eq!(
+        terms[0]["matchExpressions"],
+        own["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"]
+    );
+    assert_eq!(terms[1]["matchFields"][1], off);
+    assert_eq!(
+        got["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        own["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    );
+    assert_eq!(got["podAntiAffinity"], own["podAntiAffinity"]);
+    // Nothing to avoid: the template's affinity as it is.
+    assert_eq!(pod_with(own.clone(), &[]), own);
 }

@@ -102,6 +102,7 @@ impl Floor {
                             // or two more, no other difference); it reads nothing to know more.
                             replicas: ordinal,
                             claims: BTreeMap::from([(claim.clone(), (name, uid))]),
+                            avoid_nodes: Vec::new(),
                         });
                         let api = pods.clone();
                         tokio::spawn(async move {

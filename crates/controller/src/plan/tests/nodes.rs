@@ -65,13 +65,24 @@ fn a_drain_pod_on_a_node_lost_is_stuck_naming_it_warned_once_and_asked_to_stop()
         matches!(&p.status[&2], OrdinalState::Stuck { attempt: 1, reason } if reason == told[0])
     );
     assert_eq!(p.on_lost_nodes.get(&2).map(String::as_str), Some("n1"));
+    // The node is recorded on the claims, so that later drain pods are kept off it.
+    assert!(
+        p.actions.contains(&Action::RecordLostNodes {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            nodes: vec!["n1".to_owned()],
+        }),
+        "{:?}",
+        p.actions
+    );
     // Not a failed attempt, and nothing else is done to the claims.
-    assert_eq!(p.actions.len(), 2, "{:?}", p.actions);
+    assert_eq!(p.actions.len(), 3, "{:?}", p.actions);
 
-    // The next reconcile, with that status shown: asked again (its delete may have failed),
-    // not warned again.
+    // The next reconcile, with that status shown and the node recorded: asked again (its
+    // delete may have failed), not warned again.
     let mut again = s.clone();
     again.previous = p.status.clone();
+    again.claims[0].record.lost_nodes = vec!["n1".to_owned()];
     let p2 = plan(&again, &settings(), t(30));
     assert!(warnings(&p2).is_empty(), "{:?}", p2.actions);
     assert_eq!(p2.actions, vec![stop_pod(2, DeleteWhy::NodeLost)]);
@@ -405,6 +416,36 @@ fn a_fence_goes_with_the_record_when_the_ordinal_comes_back() {
             p.actions.as_slice(),
             [Action::ClearRecord { ordinal: 2, .. }]
         ),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_new_drain_pod_is_kept_off_every_node_an_earlier_one_was_lost_on() {
+    // Two claims recording different lost nodes (a crash between their writes): both avoided.
+    let mut data = claim("data", 2);
+    data.record.lost_nodes = vec!["n1".to_owned()];
+    let mut logs = claim("logs", 2);
+    logs.record.lost_nodes = vec!["n2".to_owned(), "n1".to_owned()];
+    let p = plan(&snap(2, vec![data, logs], vec![]), &settings(), t(0));
+    let Some(Action::CreateDrainPod { avoid_nodes, .. }) = p.actions.first() else {
+        panic!("{:?}", p.actions)
+    };
+    assert_eq!(avoid_nodes, &["n1".to_owned(), "n2".to_owned()]);
+    // A second node lost: both recorded.
+    let mut c = with_record(claim("data", 2), running_record(2));
+    c.record.lost_nodes = vec!["n1".to_owned()];
+    let mut pod = not_ready_pod(2, &c);
+    drain_of(&mut pod).node = Some("n3".to_owned());
+    let s = on_node(snap(2, vec![c.clone()], vec![pod]), "n3", NodeHealth::Gone);
+    let p = plan(&s, &settings(), t(0));
+    assert!(
+        p.actions.contains(&Action::RecordLostNodes {
+            ordinal: 2,
+            claims: refs(&[&c]),
+            nodes: vec!["n1".to_owned(), "n3".to_owned()],
+        }),
         "{:?}",
         p.actions
     );
