@@ -399,15 +399,21 @@ pub fn pods_to_locate(snap: &mut Snapshot, now: Timestamp) -> impl Iterator<Item
     })
 }
 
-/// The nodes the planner judges by ([`NodeHealth`], read live): the node of each drain pod
-/// bound to one that is not ready or is being deleted while not finished (the node lifecycle
-/// controller makes every pod of a node that stops answering not ready, so a lost node shows
-/// there first), the node of each other pod located by [`pods_to_locate`], and each node an
+/// The nodes the planner judges by ([`NodeHealth`], read live): the node of each drain pod,
+/// not finished, that started and is not ready, or is still being deleted after its grace
+/// period (the node lifecycle controller makes every pod of a node that stops answering not
+/// ready, so a lost node shows there first; a pod starting up or stopping in time is not read
+/// for), the node of each other pod located by [`pods_to_locate`], and each node an
 /// ordinal's claims are fenced by.
-pub fn nodes_to_read(snap: &Snapshot) -> std::collections::BTreeSet<String> {
+pub fn nodes_to_read(snap: &Snapshot, now: Timestamp) -> std::collections::BTreeSet<String> {
+    let past_grace = |p: &PodObs| {
+        (p.deletion.as_ref())
+            .and_then(|d| d.due)
+            .is_some_and(|due| due <= now)
+    };
     let pods = snap.pods.iter().filter_map(|p| match &p.kind {
         PodKind::Drain(d)
-            if (!d.ready || p.terminating)
+            if ((d.started && !d.ready) || past_grace(p))
                 && !matches!(d.phase, DrainPhase::Succeeded | DrainPhase::Failed) =>
         {
             d.node.clone()

@@ -417,3 +417,50 @@ fn a_drain_pod_says_its_node_and_whether_it_is_ready() {
     };
     assert_eq!((d.node, d.ready), (None, true));
 }
+
+#[test]
+fn nodes_are_read_for_drain_pods_that_started_and_are_not_ready_or_outlive_their_grace() {
+    let pod = |started: bool, ready: bool, due: Option<&str>| -> PodObs {
+        let mut p = drain_pod(
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-2", "uid": "u"},
+                "spec": {"nodeName": "n1", "containers": [{"name": "drain"}]},
+                "status": {"phase": "Running"},
+            }))
+            .unwrap(),
+            2,
+        );
+        let PodKind::Drain(d) = &mut p.kind else {
+            unreachable!()
+        };
+        (d.started, d.ready) = (started, ready);
+        p.deletion = due.map(|t| Deletion {
+            due: Some(t.parse().unwrap()),
+            ..Deletion::default()
+        });
+        p.terminating = due.is_some();
+        p
+    };
+    let now: Timestamp = "2026-12-07T21:00:00Z".parse().unwrap();
+    let read = |p: PodObs| {
+        let snap = Snapshot {
+            pods: vec![p],
+            ..Snapshot::default()
+        };
+        !nodes_to_read(&snap, now).is_empty()
+    };
+    assert!(
+        read(pod(true, false, None)),
+        "running, not ready: its node may be lost"
+    );
+    assert!(!read(pod(true, true, None)), "running and ready");
+    assert!(!read(pod(false, false, None)), "still starting");
+    assert!(
+        !read(pod(false, false, Some("2026-12-07T21:00:30Z"))),
+        "stopping in its grace period"
+    );
+    assert!(
+        read(pod(false, false, Some("2026-12-07T20:59:30Z"))),
+        "past its grace period"
+    );
+}

@@ -595,7 +595,7 @@ async fn helm_namespaced_install_drains_its_namespace_only() -> Result<()> {
 
     let only = format!(r#"watchNamespaces=["{}"]"#, watched.name);
     let install = Install::helm("namespaced", &["--set-json", &only]).await?;
-    // Its only cluster-scoped objects: the volumes' ClusterRole and its binding.
+    // Its only cluster-scoped objects: the volumes' and the nodes' ClusterRoles and bindings.
     let manifest = install.helm_of_release(&["get", "manifest"], &[])?;
     let kinds: BTreeSet<&str> = manifest
         .lines()
@@ -611,7 +611,7 @@ async fn helm_namespaced_install_drains_its_namespace_only() -> Result<()> {
         .filter(|l| *l == "kind: ClusterRole")
         .count();
     ensure!(
-        cluster_roles == 1,
+        cluster_roles == 2,
         "{cluster_roles} ClusterRoles:\n{manifest}"
     );
     drains_its_namespaces_only(&install, &[&watched], &other).await

@@ -201,7 +201,8 @@ pub(super) async fn recheck_taken(
 /// deleted past its grace period (the stateful pods' cache holds no spec), then each node the
 /// planner judges by. One read per node per reconcile.
 pub(super) async fn read_nodes(writes: &impl SetWrites, snap: &mut plan::Snapshot) {
-    for pod in observe::pods_to_locate(snap, jiff::Timestamp::now()) {
+    let now = jiff::Timestamp::now();
+    for pod in observe::pods_to_locate(snap, now) {
         match writes.live_pod(&pod.name).await {
             Ok(Some(live)) if live.metadata.uid.as_deref() == Some(pod.uid.as_str()) => {
                 let node = live.spec.and_then(|s| s.node_name);
@@ -213,7 +214,7 @@ pub(super) async fn read_nodes(writes: &impl SetWrites, snap: &mut plan::Snapsho
             Err(e) => debug!(pod = %pod.name, error = %e, "could not read the pod's node"),
         }
     }
-    for node in observe::nodes_to_read(snap) {
+    for node in observe::nodes_to_read(snap, now) {
         let health = match writes.node(&node).await {
             Ok(found) => observe::node_health(found.as_ref()),
             Err(e) => plan::NodeHealth::Unreadable {
