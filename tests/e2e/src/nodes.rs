@@ -128,17 +128,21 @@ pub async fn host(client: &Client) -> Result<String> {
 /// Taints `node` `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, as a person who
 /// knows it is down for good does (non-graceful node shutdown).
 pub fn declare_out_of_service(node: &str) -> Result<()> {
-    let out = crate::kubectl()
-        .args([
-            "taint",
-            "node",
-            node,
-            "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
-        ])
-        .output()?;
+    kubectl_ok(&[
+        "taint",
+        "node",
+        node,
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+    ])
+}
+
+/// Runs `kubectl ARGS`; fails with its stderr unless it succeeds.
+pub fn kubectl_ok(args: &[&str]) -> Result<()> {
+    let out = crate::kubectl().args(args).output()?;
     ensure!(
         out.status.success(),
-        "kubectl taint node {node}: {}",
+        "kubectl {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
@@ -146,12 +150,5 @@ pub fn declare_out_of_service(node: &str) -> Result<()> {
 
 /// Cordons `node` (marks it unschedulable), or uncordons it.
 pub fn cordon(node: &str, cordoned: bool) -> Result<()> {
-    let verb = if cordoned { "cordon" } else { "uncordon" };
-    let out = crate::kubectl().args([verb, node]).output()?;
-    ensure!(
-        out.status.success(),
-        "kubectl {verb} {node}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    kubectl_ok(&[if cordoned { "cordon" } else { "uncordon" }, node])
 }

@@ -279,22 +279,15 @@ async fn a_removed_pod_force_deleted_on_a_cut_off_node_starts_no_drain_until_the
         "{warned:?}"
     );
     // Someone force deletes it while its containers still run on the cut node.
-    let out = e2e::kubectl()
-        .args([
-            "-n",
-            &ns.name,
-            "delete",
-            "pod",
-            "datastore-1",
-            "--grace-period=0",
-            "--force",
-        ])
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "force delete: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    nodes::kubectl_ok(&[
+        "-n",
+        &ns.name,
+        "delete",
+        "pod",
+        "datastore-1",
+        "--grace-period=0",
+        "--force",
+    ])?;
     e2e::faults::wait_ordinal_state(&ns, "datastore", 1, "blocked").await?;
     e2e::faults::hold(
         Duration::from_secs(20),
