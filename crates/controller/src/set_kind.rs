@@ -14,7 +14,9 @@ use std::collections::BTreeSet;
 
 use drain_api::annotations;
 use drain_api::names::{BadReservedOrdinal, OrdinalRange, reserved_ordinals};
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetOrdinals, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetOrdinals, StatefulSetSpec, StatefulSetStatus,
+};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -85,7 +87,8 @@ pub trait ServedSet:
     /// The kind.
     const KIND: SetKind;
 
-    /// The set as a built-in StatefulSet: its metadata and the spec fields both kinds share.
+    /// The set as a built-in StatefulSet: its metadata, the spec fields both kinds share, and
+    /// its update revision.
     fn to_statefulset(&self) -> StatefulSet;
 
     /// `spec.replicas`, `spec.ordinals.start` and the ordinals skipped.
@@ -173,6 +176,8 @@ pub struct CachedStatefulSet {
     /// Standard metadata, slimmed.
     pub metadata: ObjectMeta,
     spec: Kept,
+    /// `status.updateRevision`: the ControllerRevision that controls its drain pods.
+    revision: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -221,15 +226,22 @@ impl Outline {
 impl From<StatefulSet> for CachedStatefulSet {
     fn from(set: StatefulSet) -> Self {
         let StatefulSet {
-            mut metadata, spec, ..
+            mut metadata,
+            spec,
+            status,
         } = set;
+        let revision = status.and_then(|s| s.update_revision);
         let spec = spec.unwrap_or_default();
         let spec = if slim_meta(&mut metadata) {
             Kept::Whole(Box::new(spec))
         } else {
             Kept::Outline(Outline::of(&spec))
         };
-        Self { metadata, spec }
+        Self {
+            metadata,
+            spec,
+            revision,
+        }
     }
 }
 
@@ -279,7 +291,7 @@ impl ServedSet for CachedStatefulSet {
         StatefulSet {
             metadata: self.metadata.clone(),
             spec: Some(spec),
-            status: None,
+            status: revision_status(self.revision.as_ref()),
         }
     }
 
@@ -318,6 +330,26 @@ pub struct AdvancedStatefulSet {
     /// The spec.
     #[serde(default)]
     pub spec: Option<AdvancedSpec>,
+    /// The status, of which only the update revision is kept.
+    #[serde(default)]
+    pub status: Option<AdvancedStatus>,
+}
+
+/// The status of an [`AdvancedStatefulSet`]: what the controller reads of it.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdvancedStatus {
+    /// The ControllerRevision of the set's newest pod template.
+    #[serde(default)]
+    pub update_revision: Option<String>,
+}
+
+/// A set's status as [`ServedSet::to_statefulset`] gives it: the update revision alone.
+fn revision_status(revision: Option<&String>) -> Option<StatefulSetStatus> {
+    revision.map(|r| StatefulSetStatus {
+        update_revision: Some(r.clone()),
+        ..StatefulSetStatus::default()
+    })
 }
 
 /// The spec of an [`AdvancedStatefulSet`].
@@ -394,7 +426,9 @@ impl ServedSet for AdvancedStatefulSet {
         StatefulSet {
             metadata: self.metadata.clone(),
             spec: self.spec.as_ref().map(|s| s.base.clone()),
-            status: None,
+            status: revision_status(
+                (self.status.as_ref()).and_then(|s| s.update_revision.as_ref()),
+            ),
         }
     }
 

@@ -22,7 +22,7 @@ mod pod;
 pub use errors::*;
 pub use parse::*;
 use pod::drain_pod_labels;
-pub use pod::{DEFAULT_RESTART_POLICY, DrainPodInput, DrainTemplate};
+pub use pod::{DEFAULT_RESTART_POLICY, DrainPodInput, DrainTemplate, SAFE_TO_EVICT};
 
 /// Whether `selector` matches `labels`, with Kubernetes label selector semantics: every
 /// `matchLabels` pair and every `matchExpressions` requirement (`In`, `NotIn`, `Exists`,

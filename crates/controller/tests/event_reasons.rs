@@ -42,6 +42,7 @@ const NOT_PUBLISHED: &[&str] = &[
     "RollingUpdate",
     "PodTemplate",
     "StatefulSet",
+    "ControllerRevision",
     "NaN",
     // Only without the template annotation, when a set is not validated at all.
     "MissingDrainTemplate",

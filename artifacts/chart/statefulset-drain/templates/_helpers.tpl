@@ -58,6 +58,11 @@ Kept in step with artifacts/overlays/cluster-wide/rbac.yaml by artifacts/chart/c
 - apiGroups: ["apps", "apps.kruise.io"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "patch"]
+# Read the set's update revision: the controller of its drain pods (so that `kubectl drain`
+# evicts them, and they go with the set).
+- apiGroups: ["apps"]
+  resources: ["controllerrevisions"]
+  verbs: ["get"]
 # Watch stateful pods (metadata only) and drain pods; create and delete drain pods.
 - apiGroups: [""]
   resources: ["pods"]

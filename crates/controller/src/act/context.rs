@@ -16,6 +16,8 @@ pub struct ActCtx<'a> {
     pub template: Option<&'a DrainTemplate>,
     /// The time the plan was made for.
     pub now: Timestamp,
+    /// The set's `status.updateRevision` as cached (the drain pods' controller).
+    pub revision: Option<&'a str>,
 }
 
 impl ActCtx<'_> {

@@ -7,6 +7,7 @@ use std::future::Future;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::plan::ClaimRef;
 use crate::retain::RetainError;
@@ -168,5 +169,13 @@ pub trait Cluster: Sync {
     /// shown blocked without a drain slot until it goes. Best effort.
     fn name_taken(&self, _ordinal: i32, _name: &str) -> impl Future<Output = ()> + Send {
         std::future::ready(())
+    }
+    /// The metadata of the set's ControllerRevision `name`, read live (`None`: no such
+    /// revision).
+    fn revision(
+        &self,
+        _name: &str,
+    ) -> impl Future<Output = Result<Option<ObjectMeta>, kube::Error>> + Send {
+        std::future::ready(Ok(None))
     }
 }

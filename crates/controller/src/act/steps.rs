@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 
 use drain_api::claim_annotations;
 use jiff::Timestamp;
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use super::context::{ActCtx, Outcome};
 use super::errors::ActError;
-use super::seam::{Cluster, Created, Deleted, Patched, Retained};
+use super::seam::{Cluster, Created, Deleted, EventSpec, Patched, Retained, Severity, Subject};
+use crate::observe;
 use crate::plan::{ClaimRef, DeleteWhy};
 use crate::template::DrainPodInput;
 
@@ -258,6 +259,7 @@ pub(super) async fn create_drain_pod<C: Cluster>(
         .template
         .ok_or_else(|| ActError::NoTemplate { name: name.clone() })?;
     let refs: Vec<ClaimRef> = claims.values().cloned().collect();
+    let revision = controller_revision(cluster, template.set_uid(), ctx.revision).await;
     let pod = template.pod(&DrainPodInput {
         ordinal,
         replicas: ctx.replicas,
@@ -266,6 +268,7 @@ pub(super) async fn create_drain_pod<C: Cluster>(
             .map(|(t, c)| (t.clone(), (c.name.clone(), c.uid.clone())))
             .collect(),
         avoid_nodes: avoid_nodes.to_vec(),
+        revision,
     });
     let confirm = |source| ActError::Confirm {
         what: "the statefulset".to_owned(),
@@ -322,6 +325,49 @@ pub(super) async fn create_drain_pod<C: Cluster>(
             info!(pod = %name, "a pod named like the drain pod exists; waiting for it");
             cluster.name_taken(ordinal, &name).await;
             Ok(Outcome::NameTaken)
+        }
+    }
+}
+
+/// The set's update revision `name`, as `(name, UID)`, if the set controls it: the drain pod's
+/// controller. Best effort: a failed read is logged (a denial is also a Warning) and the pod is
+/// made without it.
+async fn controller_revision<C: Cluster>(
+    cluster: &C,
+    set_uid: &str,
+    name: Option<&str>,
+) -> Option<(String, String)> {
+    let name = name?;
+    match cluster.revision(name).await {
+        Ok(Some(meta)) if observe::controlled_by(&meta, set_uid) => {
+            meta.uid.map(|uid| (name.to_owned(), uid))
+        }
+        Ok(_) => {
+            debug!(
+                revision = name,
+                "the set's update revision is gone or not the set's: the drain pod has no controller"
+            );
+            None
+        }
+        Err(e) => {
+            warn!(revision = name, error = %e, "could not read the set's update revision: the drain pod has no controller, and `kubectl drain` refuses to evict it without --force");
+            if matches!(&e, kube::Error::Api(s) if s.code == 403) {
+                let note = format!(
+                    "could not read ControllerRevision {name} ({e}): drain pods are made without \
+                     a controller, so `kubectl drain` refuses to evict them without --force; \
+                     grant `get` on `controllerrevisions` (apps)"
+                );
+                cluster
+                    .event(&EventSpec {
+                        subject: Subject::Set,
+                        severity: Severity::Warning,
+                        reason: "DrainPodUncontrolled",
+                        note,
+                        ordinal: None,
+                    })
+                    .await;
+            }
+            None
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::*;
 use crate::config::DrainConfig;
@@ -49,6 +50,10 @@ struct Fake {
     lead_for: Option<usize>,
     /// How often the fence was checked.
     fence_checks: std::sync::atomic::AtomicUsize,
+    /// The set's revision as read (`Err(code)`: the read fails with this HTTP code).
+    revision: Option<Result<ObjectMeta, u16>>,
+    /// The pods created.
+    created: Mutex<Vec<Pod>>,
 }
 
 fn err() -> kube::Error {
@@ -86,6 +91,7 @@ impl Fake {
 impl Cluster for Fake {
     async fn create_pod(&self, pod: &Pod) -> Result<Created, kube::Error> {
         self.push(Call::Create(pod.metadata.name.clone().unwrap()), "create")?;
+        self.created.lock().unwrap().push(pod.clone());
         Ok(if self.exists {
             Created::AlreadyExists
         } else {
@@ -130,6 +136,16 @@ impl Cluster for Fake {
         } else {
             Patched::Done
         })
+    }
+    async fn revision(&self, _name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+        match self.revision.clone() {
+            Some(Err(code)) => Err(kube::Error::Api(
+                kube::core::Status::failure("injected", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )),
+            read => Ok(read.map(Result::unwrap)),
+        }
     }
     async fn still_orphaned(&self, _ordinal: i32) -> Result<bool, kube::Error> {
         if self.live_set_unreadable {
@@ -280,6 +296,7 @@ async fn run<C: Cluster>(fake: &C, actions: &[Action]) -> Vec<(i32, ActError)> {
         replicas: 2,
         template: Some(&template),
         now: now(),
+        revision: None,
     };
     apply(fake, &ctx, actions).await
 }
@@ -293,6 +310,72 @@ fn ok(failed: Vec<(i32, ActError)>) {
             .map(|(o, e)| (o, e.describe()))
             .collect::<Vec<_>>()
     );
+}
+
+/// The controller references of the pods `fake` created.
+fn controllers(fake: &Fake) -> Vec<Vec<(String, String)>> {
+    let created = fake.created.lock().unwrap();
+    (created.iter())
+        .map(|p| {
+            (p.metadata.owner_references.iter().flatten())
+                .filter(|o| o.controller == Some(true))
+                .map(|o| (o.kind.clone(), o.uid.clone()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A ControllerRevision with this UID, controlled by the owner with UID `owner`.
+fn revision(uid: &str, owner: &str) -> ObjectMeta {
+    ObjectMeta {
+        uid: Some(uid.to_owned()),
+        owner_references: Some(vec![OwnerReference {
+            uid: owner.to_owned(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]),
+        ..ObjectMeta::default()
+    }
+}
+
+#[rstest::rstest]
+#[case::the_sets(Some(Ok(revision("r", "uid-web"))), &[("ControllerRevision", "r")], &[])]
+#[case::another_sets(Some(Ok(revision("r", "u-other"))), &[], &[])]
+#[case::gone(None, &[], &[])]
+#[case::unreadable(Some(Err(500)), &[], &[])]
+#[case::denied_is_a_warning(Some(Err(403)), &[], &["DrainPodUncontrolled"])]
+#[tokio::test]
+async fn a_drain_pod_is_controlled_by_the_sets_update_revision(
+    #[case] read: Option<Result<ObjectMeta, u16>>,
+    #[case] controller: &[(&str, &str)],
+    #[case] warned: &[&str],
+) {
+    let fake = Fake {
+        revision: read,
+        ..Fake::default()
+    };
+    let template = template();
+    assert_eq!(template.set_uid(), "uid-web");
+    let ctx = ActCtx {
+        set_name: "web",
+        replicas: 2,
+        template: Some(&template),
+        now: now(),
+        revision: Some("web-7f9c"),
+    };
+    ok(apply(&fake, &ctx, &[create(1, true)]).await);
+    let expected: Vec<(String, String)> = (controller.iter())
+        .map(|(k, u)| ((*k).to_owned(), (*u).to_owned()))
+        .collect();
+    assert_eq!(controllers(&fake), vec![expected]);
+    let events: Vec<String> = (fake.calls().into_iter())
+        .filter_map(|c| match c {
+            Call::Event(reason) => Some(reason),
+            _ => None,
+        })
+        .filter(|r| r != "DrainPodCreated")
+        .collect();
+    assert_eq!(events, warned);
 }
 
 #[tokio::test]
@@ -612,6 +695,7 @@ fn each_kind_of_failure_has_its_event(#[case] kind: FailureKind, #[case] reason:
         replicas: 2,
         template: Some(&template),
         now: now(),
+        revision: None,
     };
     let events = events(&ctx, &failure(2, kind, false, false), &Outcome::Done);
     assert_eq!(events.len(), 2);
@@ -639,6 +723,7 @@ fn pod_deletes_report_what_the_user_must_know(
         replicas: 2,
         template: None,
         now: now(),
+        revision: None,
     };
     let action = delete_pod(2, why, None);
     let got: Vec<&str> = events(&ctx, &action, &Outcome::Done)
@@ -792,6 +877,7 @@ async fn creating_without_a_template_is_an_error_not_a_panic() {
         replicas: 2,
         template: None,
         now: now(),
+        revision: None,
     };
     let failed = apply(&fake, &ctx, &[create(1, true)]).await;
     assert_eq!(failed[0].1.reason(), "CreateDrainPodFailed");
@@ -826,6 +912,7 @@ fn dry_run_events_say_what_would_happen_without_times() {
         replicas: 2,
         template: Some(&template),
         now: now(),
+        revision: None,
     };
     let cases = [
         (
@@ -959,6 +1046,7 @@ fn a_replaced_claim_is_reported_by_no_event() {
         replicas: 2,
         template: None,
         now: now(),
+        revision: None,
     };
     let action = failure(2, FailureKind::Failed, true, false);
     assert!(events(&ctx, &action, &Outcome::ClaimGone("data-web-2".to_owned())).is_empty());

@@ -22,7 +22,11 @@ pub trait Compact {
     type Entry: Clone + PartialEq + Send + Sync + 'static;
 
     /// The object's namespace and name.
-    fn key(&self) -> (&str, &str);
+    fn key(&self) -> (&str, &str) {
+        let meta = self.metadata();
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        (ns, meta.name.as_deref().unwrap_or_default())
+    }
 
     /// What is kept of the object.
     fn entry(&self) -> Self::Entry;
@@ -63,19 +67,8 @@ pub struct ClaimEntry {
     pub annotations: Option<Box<BTreeMap<String, String>>>,
 }
 
-fn key_of(meta: &ObjectMeta) -> (&str, &str) {
-    (
-        meta.namespace.as_deref().unwrap_or_default(),
-        meta.name.as_deref().unwrap_or_default(),
-    )
-}
-
 impl Compact for PartialObjectMeta<Pod> {
     type Entry = PodEntry;
-
-    fn key(&self) -> (&str, &str) {
-        key_of(&self.metadata)
-    }
 
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
@@ -97,10 +90,6 @@ impl Compact for PartialObjectMeta<Pod> {
 
 impl Compact for PartialObjectMeta<PersistentVolumeClaim> {
     type Entry = ClaimEntry;
-
-    fn key(&self) -> (&str, &str) {
-        key_of(&self.metadata)
-    }
 
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata

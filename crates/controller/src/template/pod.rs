@@ -16,6 +16,10 @@ use crate::claim_use::claims_used;
 /// Restart policy of drain pods whose template sets none.
 pub const DEFAULT_RESTART_POLICY: &str = "OnFailure";
 
+/// The cluster autoscaler's annotation: a drain pod resumes elsewhere, so it does not hold its
+/// node (set to `"true"` unless the template sets it).
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+
 /// A StatefulSet's drain template, validated against the set: building a drain pod from it
 /// cannot fail.
 ///
@@ -53,6 +57,10 @@ pub struct DrainPodInput {
     /// Nodes the pod must not run on (earlier drain pods of the ordinal were lost there): a
     /// `metadata.name NotIn` term added to every required node selector term.
     pub avoid_nodes: Vec<String>,
+    /// The set's current ControllerRevision, `(name, UID)`, when it could be read: the pod's
+    /// controller reference, so that `kubectl drain` evicts it like any managed pod and the
+    /// garbage collector removes it with the set (and keeps it when the set is orphaned).
+    pub revision: Option<(String, String)>,
 }
 
 /// The labels of a drain pod: the template's, then ours.
@@ -71,6 +79,11 @@ impl DrainTemplate {
     /// Name of the StatefulSet.
     pub fn set_name(&self) -> &str {
         &self.set_name
+    }
+
+    /// UID of the StatefulSet.
+    pub fn set_uid(&self) -> &str {
+        &self.set_uid
     }
 
     /// Namespace of the StatefulSet and of its drain pods.
@@ -128,8 +141,9 @@ impl DrainTemplate {
     ///
     /// It has the stateful pod's name, hostname and subdomain; one volume per claim template
     /// bound to the ordinal's claim (replacing any template volume of that name); the drain
-    /// labels; the [`pod_annotations::CLAIMS`] annotation listing `input.claims`; a
-    /// non-controller owner reference to the set; and the drain environment variables in every
+    /// labels; the [`pod_annotations::CLAIMS`] annotation listing `input.claims`, and
+    /// [`SAFE_TO_EVICT`] unless the template sets it; a non-controller owner reference to the
+    /// set, and a controller reference to `input.revision`; and the drain environment variables in every
     /// container and init container (a variable the template already defines is kept, but the
     /// completion record, which names exactly the claims of `input.claims` that container uses).
     pub fn pod(&self, input: &DrainPodInput) -> Pod {
@@ -207,6 +221,25 @@ impl DrainTemplate {
             self.template_hash.clone(),
         );
         annotations.insert(pod_annotations::SETTINGS.to_owned(), self.settings.clone());
+        annotations
+            .entry(SAFE_TO_EVICT.to_owned())
+            .or_insert_with(|| "true".to_owned());
+        let set = OwnerReference {
+            api_version: self.owner_api_version.clone(),
+            kind: "StatefulSet".to_owned(),
+            name: self.set_name.clone(),
+            uid: self.set_uid.clone(),
+            controller: None,
+            block_owner_deletion: None,
+        };
+        let revision = input.revision.iter().map(|(name, uid)| OwnerReference {
+            api_version: "apps/v1".to_owned(),
+            kind: "ControllerRevision".to_owned(),
+            name: name.clone(),
+            uid: uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        });
 
         Pod {
             metadata: ObjectMeta {
@@ -214,14 +247,7 @@ impl DrainTemplate {
                 namespace: Some(self.namespace.clone()),
                 labels: Some(self.pod_labels(ordinal)),
                 annotations: Some(annotations),
-                owner_references: Some(vec![OwnerReference {
-                    api_version: self.owner_api_version.clone(),
-                    kind: "StatefulSet".to_owned(),
-                    name: self.set_name.clone(),
-                    uid: self.set_uid.clone(),
-                    controller: None,
-                    block_owner_deletion: None,
-                }]),
+                owner_references: Some(std::iter::once(set).chain(revision).collect()),
                 ..ObjectMeta::default()
             },
             spec: Some(spec),

@@ -455,6 +455,7 @@ fn builds_the_exact_pod() {
             ("logs".into(), ("logs-web-2".into(), "u2".into())),
         ]),
         avoid_nodes: Vec::new(),
+        revision: None,
     };
 
     let env = |name: &str, value: &str| json!({"name": name, "value": value});
@@ -485,6 +486,7 @@ fn builds_the_exact_pod() {
             "labels": {"role": "drainer", (labels::DRAIN_POD): "web", (labels::ORDINAL): "2"},
             "annotations": {
                 "note": "x",
+                "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
                 (pod_annotations::CLAIMS): json!({"data-web-2": "u1", "logs-web-2": "u2"}).to_string(),
                 (pod_annotations::TEMPLATE_HASH): template_hash(&template.to_string()),
                 (pod_annotations::SETTINGS): r#"{"approval":"automatic","successProof":"completion-record"}"#,
@@ -554,6 +556,63 @@ fn owner_reference_is_not_a_controller_reference() {
     assert_eq!(owners.len(), 1);
     assert_eq!(owners[0].controller, None);
     assert_eq!(owners[0].block_owner_deletion, None);
+}
+
+#[test]
+fn the_sets_revision_is_the_controller_so_kubectl_drain_evicts_the_pod() {
+    let set = valid().build();
+    let pod = validate(&set, &DrainConfig::default())
+        .unwrap()
+        .pod(&DrainPodInput {
+            revision: Some(("web-7f9c".to_owned(), "rev-uid".to_owned())),
+            ..DrainPodInput::default()
+        });
+    let owners = pod.metadata.owner_references.unwrap();
+    assert_eq!(owners.len(), 2);
+    // Still the set's (not as its controller: the set would take the pod for its own).
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].controller),
+        ("StatefulSet", None)
+    );
+    let controller = &owners[1];
+    assert_eq!(
+        (
+            controller.api_version.as_str(),
+            controller.kind.as_str(),
+            controller.name.as_str(),
+            controller.uid.as_str(),
+            controller.controller,
+            controller.block_owner_deletion,
+        ),
+        (
+            "apps/v1",
+            "ControllerRevision",
+            "web-7f9c",
+            "rev-uid",
+            Some(true),
+            None
+        )
+    );
+}
+
+#[rstest]
+#[case::by_default(json!({}), Some("true"))]
+#[case::unless_the_template_says_otherwise(json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}), Some("false"))]
+fn the_autoscaler_may_evict_a_drain_pod(
+    #[case] annotations: serde_json::Value,
+    #[case] expected: Option<&str>,
+) {
+    let set = valid()
+        .drain_template(&template_with(
+            json!({"annotations": annotations}),
+            json!({}),
+        ))
+        .build();
+    let pod = validate(&set, &DrainConfig::default())
+        .unwrap()
+        .pod(&DrainPodInput::default());
+    let annotations = pod.metadata.annotations.unwrap();
+    assert_eq!(annotations.get(SAFE_TO_EVICT).map(String::as_str), expected);
 }
 
 #[test]
@@ -666,6 +725,7 @@ fn env_is_added_to_every_container_and_kept_when_defined() {
             replicas: 1,
             claims: BTreeMap::new(),
             avoid_nodes: Vec::new(),
+            revision: None,
         });
     let spec = pod.spec.unwrap();
     let all = spec
@@ -749,6 +809,7 @@ fn the_completion_record_names_exactly_the_pods_claims() {
             replicas: 2,
             claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
             avoid_nodes: Vec::new(),
+            revision: None,
         });
     let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
     let record = vars
@@ -782,6 +843,7 @@ fn the_completion_record_variable_is_always_the_controllers() {
             replicas: 2,
             claims: BTreeMap::from([("data".into(), ("data-web-2".into(), "u1".into()))]),
             avoid_nodes: Vec::new(),
+            revision: None,
         });
     let vars = pod.spec.unwrap().containers[0].env.clone().unwrap();
     let records: Vec<_> = vars
@@ -845,6 +907,7 @@ proptest! {
             .collect();
         let pod = drain.pod(&DrainPodInput { ordinal, replicas, claims: claims.clone(),
     avoid_nodes: Vec::new(),
+    revision: None,
 });
 
         let pod_name = format!("{set_name}-{ordinal}");
@@ -888,6 +951,7 @@ fn a_missing_claim_is_not_replaced_by_an_empty_dir() {
         replicas: 1,
         claims: BTreeMap::from([("data".to_owned(), ("data-web-3".to_owned(), "u".to_owned()))]),
         avoid_nodes: Vec::new(),
+        revision: None,
     };
     let volumes = drain.pod(&input).spec.unwrap().volumes.unwrap();
     for (template, claim) in [("data", "data-web-3"), ("logs", "logs-web-3")] {
@@ -931,6 +995,7 @@ fn each_containers_record_names_exactly_the_claims_it_mounts() {
                 ("index".into(), ("index-web-2".into(), "u2".into())),
             ]),
             avoid_nodes: Vec::new(),
+            revision: None,
         });
     let spec = pod.spec.unwrap();
     let record = |c: &k8s_openapi::api::core::v1::Container| {
@@ -982,6 +1047,7 @@ fn a_drain_pod_is_kept_off_the_nodes_to_avoid_in_every_required_term() {
                 replicas: 2,
                 claims: BTreeMap::new(),
                 avoid_nodes: avoid.iter().map(|n| (*n).to_owned()).collect(),
+                revision: None,
             });
         serde_json::to_value(pod.spec.unwrap().affinity).unwrap()
     };

@@ -172,6 +172,7 @@ fn check(set: &StatefulSet) -> Result<(), TestCaseError> {
                     ("data-web-1".to_owned(), "uid-1".to_owned()),
                 )]),
                 avoid_nodes: Vec::new(),
+                revision: None,
             });
             prop_assert_eq!(pod.metadata.name.as_deref(), Some("web-1"));
             settings(set, Ok(v), &Flags::default(), None)

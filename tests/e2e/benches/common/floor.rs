@@ -103,6 +103,7 @@ impl Floor {
                             replicas: ordinal,
                             claims: BTreeMap::from([(claim.clone(), (name, uid))]),
                             avoid_nodes: Vec::new(),
+                            revision: None,
                         });
                         let api = pods.clone();
                         tokio::spawn(async move {

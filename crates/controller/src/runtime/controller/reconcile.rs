@@ -80,6 +80,7 @@ pub(super) async fn reconcile<K: ServedSet, S: Seam>(
             replicas: snap.replicas,
             template: valid.ok().map(|v| &v.template),
             now,
+            revision: (set.status.as_ref()).and_then(|s| s.update_revision.as_deref()),
         };
         if ctx.config.dry_run {
             return dry_run::<K>(

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use drain_api::{annotations, labels};
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{
     Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -394,6 +395,16 @@ impl<K: ServedSet> Cluster for KubeCluster<'_, K> {
         let result = self.pods.get_opt(name).await;
         self.ctx.metrics.request("get", "pods", &result);
         Ok(result?.and_then(|p| p.metadata.uid))
+    }
+
+    async fn revision(&self, name: &str) -> Result<Option<ObjectMeta>, kube::Error> {
+        let ns = self.set.namespace.as_deref().unwrap_or_default();
+        let revisions = Api::<ControllerRevision>::namespaced(self.ctx.client.clone(), ns);
+        let result = revisions.get_metadata_opt(name).await;
+        self.ctx
+            .metrics
+            .request("get", "controllerrevisions", &result);
+        result.map(|r| r.map(|r| r.metadata))
     }
 
     async fn event(&self, event: &EventSpec) {
