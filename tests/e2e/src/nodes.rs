@@ -3,13 +3,15 @@
 //! that are undone when dropped, even when the test failed mid-way. Node tests take
 //! [`exclusive`] for their whole run, so no two of them fail nodes at once.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client};
 
-use crate::repo_root;
+use crate::faults::{apply_example, store_of};
+use crate::{TestNamespace, repo_root};
 
 /// A way a node fails (`tests/cluster/node`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,4 +153,167 @@ pub fn kubectl_ok(args: &[&str]) -> Result<()> {
 /// Cordons `node` (marks it unschedulable), or uncordons it.
 pub fn cordon(node: &str, cordoned: bool) -> Result<()> {
     kubectl_ok(&[if cordoned { "cordon" } else { "uncordon" }, node])
+}
+
+/// The example datastore with `replicas` pods on the host node (never failed) and drain pods
+/// that run on the workers only (so that the test can fail the node of one), its drain slowed
+/// to 150 records/s so that it can be caught mid-way; with `tolerate_all`, the drain pods
+/// tolerate every taint, as database templates often do.
+pub fn datastore_on_host_drained_on_workers(
+    ns: &TestNamespace,
+    host: &str,
+    workers: &[String],
+    replicas: u32,
+    tolerate_all: bool,
+) -> Result<()> {
+    let placement = format!("nodeSelector: {{kubernetes.io/hostname: {host}}}");
+    datastore(ns, &placement, Some(workers), replicas, tolerate_all)
+}
+
+/// The example datastore, its pods placed by `placement` (a line of the pod spec), its drain
+/// pods on `drain_nodes` only (`None`: where the set's pods may go, the placement they inherit).
+pub fn datastore(
+    ns: &TestNamespace,
+    placement: &str,
+    drain_nodes: Option<&[String]>,
+    replicas: u32,
+    tolerate_all: bool,
+) -> Result<()> {
+    let tolerations = if tolerate_all {
+        r#""tolerations": [{"operator": "Exists"}],"#
+    } else {
+        ""
+    };
+    let mut edits = vec![
+        ("replicas: 3".to_owned(), format!("replicas: {replicas}")),
+        (
+            r#""--peer-port", "8080"]"#.to_owned(),
+            r#""--peer-port", "8080", "--max-rate", "150"]"#.to_owned(),
+        ),
+        (
+            r#""--interval", "30s""#.to_owned(),
+            r#""--interval", "1h""#.to_owned(),
+        ),
+        (
+            "      terminationGracePeriodSeconds: 10\n".to_owned(),
+            format!("      terminationGracePeriodSeconds: 10\n      {placement}\n"),
+        ),
+    ];
+    let account = r#""serviceAccountName": "datastore-drainer","#;
+    match drain_nodes {
+        Some(nodes) => {
+            let nodes = serde_json::to_string(nodes)?;
+            // The drain pods go where the template says, not where the set's pods go.
+            edits.push((
+                "    statefulsets.kubernetes.io/drainer-pod-template: |\n".to_owned(),
+                "    statefulsets.kubernetes.io/drain-inherit-pod-spec: \"false\"\n    statefulsets.kubernetes.io/drainer-pod-template: |\n".to_owned(),
+            ));
+            edits.push((
+                account.to_owned(),
+                format!(
+                    r#"{account}{tolerations}
+          "affinity": {{"nodeAffinity": {{"requiredDuringSchedulingIgnoredDuringExecution": {{"nodeSelectorTerms": [{{"matchExpressions": [{{"key": "kubernetes.io/hostname", "operator": "In", "values": {nodes}}}]}}]}}}}}},"#
+                ),
+            ));
+        }
+        None => edits.push((account.to_owned(), format!("{account}{tolerations}"))),
+    }
+    let edits: Vec<(&str, &str)> = edits
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    apply_example(ns, &edits)
+}
+
+/// Every record readable from the pod of `ordinal`, with its exact value.
+pub async fn all_records_on(
+    ns: &TestNamespace,
+    ordinal: i32,
+    records: &BTreeMap<String, Vec<u8>>,
+) -> Result<()> {
+    let store = store_of(ns, ordinal).await?;
+    let held = store.list().await?;
+    ensure!(
+        held.len() == records.len(),
+        "pod {ordinal} holds {} of {} records",
+        held.len(),
+        records.len()
+    );
+    for (key, value) in records {
+        let got = store
+            .get(key)
+            .await?
+            .with_context(|| format!("{key} missing"))?;
+        ensure!(got == *value, "record {key} differs");
+    }
+    Ok(())
+}
+
+/// The node `pod` is bound to.
+pub fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.node_name.clone()
+}
+
+/// A cordoned node, uncordoned when dropped.
+#[must_use = "the node is uncordoned when this is dropped"]
+pub struct Cordoned {
+    node: String,
+}
+
+impl Cordoned {
+    /// Cordons `node`.
+    pub fn new(node: &str) -> Result<Self> {
+        cordon(node, true)?;
+        Ok(Self {
+            node: node.to_owned(),
+        })
+    }
+}
+
+impl Drop for Cordoned {
+    fn drop(&mut self) {
+        if let Err(e) = cordon(&self.node, false) {
+            eprintln!("uncordoning node {} failed: {e:#}", self.node);
+        }
+    }
+}
+
+/// A node drained with `kubectl drain` as an administrator does for maintenance (evictions;
+/// never `--force`), uncordoned when dropped.
+#[must_use = "the node is uncordoned when this is dropped"]
+pub struct Drained {
+    node: String,
+}
+
+impl Drained {
+    /// Runs `kubectl drain NODE --ignore-daemonsets --delete-emptydir-data` until it returns
+    /// (it waits for every pod it evicted to be gone); fails with its stderr unless it succeeds.
+    pub async fn new(node: &str) -> Result<Self> {
+        crate::suite::say(format_args!("kubectl drain {node}"));
+        let drained = Self {
+            node: node.to_owned(),
+        };
+        let args = [
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=240s",
+        ]
+        .map(str::to_owned);
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            kubectl_ok(&args)
+        })
+        .await??;
+        Ok(drained)
+    }
+}
+
+impl Drop for Drained {
+    fn drop(&mut self) {
+        if let Err(e) = cordon(&self.node, false) {
+            eprintln!("uncordoning node {} failed: {e:#}", self.node);
+        }
+    }
 }

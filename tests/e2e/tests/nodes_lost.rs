@@ -3,108 +3,19 @@
 //! lets the drain pod go a new one resumes on another node; the data decides, not the
 //! controller's words: every record reads back from the remaining pod.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use drain_api::names::claim_name;
-use e2e::faults::{
-    apply_example, drain_status, ordinal_state, store_of, wait_set_event, write_records,
+use e2e::faults::{drain_status, ordinal_state, store_of, wait_set_event, write_records};
+use e2e::nodes::{
+    self, Failed, Fault, all_records_on, datastore, datastore_on_host_drained_on_workers, node_of,
 };
-use e2e::nodes::{self, Failed, Fault};
 use e2e::ops::*;
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 const RECORDS: usize = 1000;
-
-/// The example datastore with `replicas` pods on the host node (never failed) and drain pods
-/// that run on the workers only (so that the test can fail the node of one), its drain slowed
-/// to 150 records/s so that it can be caught mid-way; with `tolerate_all`, the drain pods
-/// tolerate every taint, as database templates often do.
-fn datastore_on_host_drained_on_workers(
-    ns: &TestNamespace,
-    host: &str,
-    workers: &[String],
-    replicas: u32,
-    tolerate_all: bool,
-) -> Result<()> {
-    let placement = format!("nodeSelector: {{kubernetes.io/hostname: {host}}}");
-    datastore(ns, &placement, workers, replicas, tolerate_all)
-}
-
-/// The example datastore, its pods placed by `placement` (a line of the pod spec), its drain
-/// pods on `drain_nodes` only.
-fn datastore(
-    ns: &TestNamespace,
-    placement: &str,
-    drain_nodes: &[String],
-    replicas: u32,
-    tolerate_all: bool,
-) -> Result<()> {
-    let workers = drain_nodes;
-    let workers = serde_json::to_string(workers)?;
-    let tolerations = if tolerate_all {
-        r#""tolerations": [{"operator": "Exists"}],"#
-    } else {
-        ""
-    };
-    apply_example(
-        ns,
-        &[
-            ("replicas: 3", &format!("replicas: {replicas}")),
-            (
-                r#""--peer-port", "8080"]"#,
-                r#""--peer-port", "8080", "--max-rate", "150"]"#,
-            ),
-            (r#""--interval", "30s""#, r#""--interval", "1h""#),
-            (
-                "      terminationGracePeriodSeconds: 10\n",
-                &format!("      terminationGracePeriodSeconds: 10\n      {placement}\n"),
-            ),
-            // The drain pods go where the template says, not where the set's pods go.
-            (
-                "    statefulsets.kubernetes.io/drainer-pod-template: |\n",
-                "    statefulsets.kubernetes.io/drain-inherit-pod-spec: \"false\"\n    statefulsets.kubernetes.io/drainer-pod-template: |\n",
-            ),
-            (
-                r#""serviceAccountName": "datastore-drainer","#,
-                &format!(
-                    r#""serviceAccountName": "datastore-drainer",{tolerations}
-          "affinity": {{"nodeAffinity": {{"requiredDuringSchedulingIgnoredDuringExecution": {{"nodeSelectorTerms": [{{"matchExpressions": [{{"key": "kubernetes.io/hostname", "operator": "In", "values": {workers}}}]}}]}}}}}},"#
-                ),
-            ),
-        ],
-    )
-}
-
-/// Every record readable from the pod of `ordinal`, with its exact value.
-async fn all_records_on(
-    ns: &TestNamespace,
-    ordinal: i32,
-    records: &BTreeMap<String, Vec<u8>>,
-) -> Result<()> {
-    let store = store_of(ns, ordinal).await?;
-    let held = store.list().await?;
-    ensure!(
-        held.len() == records.len(),
-        "pod {ordinal} holds {} of {} records",
-        held.len(),
-        records.len()
-    );
-    for (key, value) in records {
-        let got = store
-            .get(key)
-            .await?
-            .with_context(|| format!("{key} missing"))?;
-        ensure!(got == *value, "record {key} differs");
-    }
-    Ok(())
-}
-
-fn node_of(pod: &Pod) -> Option<String> {
-    pod.spec.as_ref()?.node_name.clone()
-}
 
 /// The controller's `statefulset_drain_drains_on_lost_nodes` for the set.
 async fn on_lost_nodes(controller: &ControllerProcess, ns: &TestNamespace) -> Result<f64> {
@@ -252,7 +163,13 @@ async fn a_removed_pod_force_deleted_on_a_cut_off_node_starts_no_drain_until_the
     );
     nodes::cordon(&cut, true)?;
     let placed = async {
-        datastore(&ns, &placement, std::slice::from_ref(&spare), 1, false)?;
+        datastore(
+            &ns,
+            &placement,
+            Some(std::slice::from_ref(&spare)),
+            1,
+            false,
+        )?;
         wait_running(&ns, &pod_names("datastore", 0..1)).await
     }
     .await;

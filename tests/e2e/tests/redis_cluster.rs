@@ -1,7 +1,7 @@
 //! The Redis Cluster example (`example/redis-cluster`, issue 25) drained by scaling its
 //! StatefulSet, on the real cluster, as a user runs it (`kubectl apply -k`), with the
-//! controller: 6 → 3 → 6 and 3 → 1 under a client writing all the time, a drain pod deleted in
-//! the middle of its migration, and a scale-up that cancels a drain.
+//! controller: 6 → 3 → 6 and 3 → 1 under a client writing and overwriting all the time, a drain
+//! pod evicted in the middle of its migration, and a scale-up that cancels a drain.
 //!
 //! Judged from facts the controller does not produce: a client pod (the witness) writes keys
 //! through the cluster with `redis-cli -c` and keeps the ones Redis acknowledged, and every one
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::faults::exec;
+use e2e::nodes::Cordoned;
 use e2e::ops::{
     claim_uid, is_drain_pod, pod_names, scale, wait_claim_gone, wait_stateful_pod_back,
 };
@@ -24,7 +25,7 @@ use e2e::redis::{
 };
 use e2e::{ControllerProcess, TestNamespace, client, wait_for};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::api::{EvictParams, LogParams, PostParams};
 
 const IMAGE: &str = "statefulset-drain.local/redis-cluster:7.0";
 /// Joining members one at a time, or draining one, takes seconds to tens of seconds each.
@@ -34,7 +35,9 @@ const PRELOAD: usize = 3000;
 
 /// The witness's script: first [`PRELOAD`] keys in one pipeline, then one write at a time
 /// until `/tmp/stop` exists; every key Redis answered `OK` for goes to `/tmp/acked`, every
-/// other to `/tmp/failed`. A key `<letter><n>` holds `v<n>`. Each write is given 2 s: a
+/// other to `/tmp/failed`. A key `<letter><n>` holds `v<n>`. After each new key, the witness
+/// overwrites a preloaded key `p<k>` with `u<i>` (`i` the write's number), listed as `p<k> u<i>`
+/// in `/tmp/overwritten` when acknowledged, else in `/tmp/overwrite-failed`. Each write is given 2 s: a
 /// redirect to a member's old address (its stateful pod gone, its drain pod not yet announced)
 /// would otherwise hang in connect for minutes, and the witness would write nothing meanwhile
 /// (it wrote 48 keys through three drains in one CI run, 9,473 in another). A write cut off is
@@ -44,11 +47,13 @@ cd /tmp
 i=0; while [ $i -lt PRELOAD ]; do i=$((i+1)); echo p$i; done > keys
 sed 's/^p\(.*\)/SET p\1 v\1/' keys | redis-cli -c --no-raw -h redis-0.redis | grep -v -e '^-> Redirected' -e '^([0-9.]*s)$' > replies
 paste -d ' ' keys replies | awk '$2 == "OK" {print $1}' > acked
-touch failed preloaded
+touch failed overwritten overwrite-failed preloaded
 i=0
 while [ ! -e stop ]; do
   i=$((i+1))
   if [ "$(timeout 2 redis-cli -c -h redis-0.redis SET w$i v$i 2>/dev/null)" = OK ]; then echo w$i >> acked; else echo w$i >> failed; fi
+  k=$(( (i * 37) % PRELOAD + 1 ))
+  if [ "$(timeout 2 redis-cli -c -h redis-0.redis SET p$k u$i 2>/dev/null)" = OK ]; then echo "p$k u$i" >> overwritten; else echo "p$k u$i" >> overwrite-failed; fi
 done
 touch stopped
 exec sleep 3600
@@ -108,11 +113,51 @@ async fn stop_writer(ns: &TestNamespace) -> Result<(usize, usize)> {
     Ok((count(ns, "acked").await?, count(ns, "failed").await?))
 }
 
+/// The witness's overwrites of preloaded keys: by key, each write's number and whether it was
+/// acknowledged.
+struct Overwrites(HashMap<String, Vec<(u64, bool)>>);
+
+impl Overwrites {
+    /// Reads the witness's lists.
+    async fn read(ns: &TestNamespace) -> Result<Self> {
+        let mut by_key: HashMap<String, Vec<(u64, bool)>> = HashMap::new();
+        for (file, acked) in [("overwritten", true), ("overwrite-failed", false)] {
+            for line in writer(ns, &format!("cat /tmp/{file}")).await?.lines() {
+                let (key, value) = line.split_once(' ').context("an overwrite line")?;
+                let i: u64 = value.trim_start_matches('u').parse()?;
+                by_key.entry(key.to_owned()).or_default().push((i, acked));
+            }
+        }
+        Ok(Self(by_key))
+    }
+
+    /// How many overwrites were acknowledged.
+    fn acked(&self) -> usize {
+        self.0.values().flatten().filter(|(_, a)| *a).count()
+    }
+
+    /// Whether `key` may hold `value`: its own `v<n>` if no overwrite of it was acknowledged;
+    /// else an overwrite's `u<i>` no older than the last acknowledged one (a later write that
+    /// got no answer may have been applied all the same).
+    fn accepts(&self, key: &str, value: &[u8]) -> bool {
+        let value = String::from_utf8_lossy(value);
+        let writes = self.0.get(key).map(Vec::as_slice).unwrap_or_default();
+        let last_acked = writes.iter().filter(|(_, a)| *a).map(|(i, _)| *i).max();
+        if last_acked.is_none() && value == format!("v{}", key.get(1..).unwrap_or_default()) {
+            return true;
+        }
+        writes
+            .iter()
+            .any(|(i, _)| last_acked.is_none_or(|last| *i >= last) && value == format!("u{i}"))
+    }
+}
+
 /// Read-back passes at most, 2 s apart: a member's rejoin delay is 5 s at most.
 const READ_PASSES: usize = 30;
 
 /// Fails unless every one of the `acked` keys the witness had acknowledged reads back its
-/// value; returns how many were read. The test reads them itself, with its own Redis client:
+/// value (its last acknowledged overwrite's, for an overwritten one: [`Overwrites`]), and
+/// unless some overwrites were acknowledged; returns how many keys were read. The test reads them itself, with its own Redis client:
 /// each pass asks member 0 which master serves which slot (`CLUSTER SLOTS`) and sends each
 /// master the `GET`s of its keys in one pipeline, so each reply is its own key's. A value
 /// `v<n>` is kept; none (`nil`) or another value is a loss; an error reply (`CLUSTERDOWN`
@@ -134,6 +179,12 @@ async fn assert_every_acked_write_readable(ns: &TestNamespace, acked: usize) -> 
         acked >= PRELOAD,
         "the witness acknowledged {acked} writes, fewer than its {PRELOAD} preloaded"
     );
+    let overwrites = Overwrites::read(ns).await?;
+    ensure!(
+        overwrites.acked() >= 1,
+        "the witness had no overwrite acknowledged: the read-back would not show a lost update"
+    );
+    let overwrites = &overwrites;
     let entry = member_addr(ns, &pod_names(SET, [0]).remove(0)).await?;
     let mut todo: Vec<&str> = keys.clone();
     let mut lost = Vec::new();
@@ -185,9 +236,8 @@ async fn assert_every_acked_write_readable(ns: &TestNamespace, acked: usize) -> 
                 }
             };
             for (key, reply) in keys.into_iter().zip(replies) {
-                let want = format!("v{}", key.get(1..).unwrap_or_default());
                 match reply {
-                    Reply::Bulk(Some(v)) if v == want.as_bytes() => {}
+                    Reply::Bulk(Some(v)) if overwrites.accepts(key, &v) => {}
                     Reply::Bulk(Some(v)) => {
                         lost.push(format!(
                             "{key}: {:?} at {addr}",
@@ -221,6 +271,10 @@ async fn assert_every_acked_write_readable(ns: &TestNamespace, acked: usize) -> 
             todo.len()
         );
     }
+    eprintln!(
+        "the witness's {} acknowledged overwrites of preloaded keys read back",
+        overwrites.acked()
+    );
     Ok(acked)
 }
 
@@ -508,11 +562,12 @@ async fn a_scale_up_mid_drain_brings_the_member_back_whole() -> Result<()> {
     Ok(())
 }
 
-/// 3 → 1 with the witness writing, and the first drain pod deleted in the middle of its
-/// migration (as an eviction would): its attempt fails, a new drain pod finishes the
-/// half-moved slot and the rest; both drained members leave, and nothing acknowledged is lost.
+/// 3 → 1 with the witness writing and overwriting, and the first drain pod evicted in the
+/// middle of its migration, its node cordoned (what `kubectl drain` of the node does to it): its
+/// attempt fails, a new drain pod on another node finishes the half-moved slot and the rest;
+/// both drained members leave, and nothing acknowledged is lost.
 #[tokio::test]
-async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> Result<()> {
+async fn three_to_one_with_a_drain_pod_evicted_mid_migration_loses_nothing() -> Result<()> {
     let client = client().await;
     let ns = TestNamespace::new(&client, "redis-3-1").await?;
     let _controller = ControllerProcess::start(&ns.name, &[]);
@@ -524,20 +579,39 @@ async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> 
     scale(&ns, SET, 1).await?;
     let first = wait_migrating(&ns, 2).await?;
     let first_uid = first.metadata.uid.clone().unwrap_or_default();
-    ns.api::<Pod>()
-        .delete(&pod_names(SET, [2]).remove(0), &DeleteParams::default())
-        .await?;
-    // A later drain pod of the same ordinal finishes the job.
+    let node = first
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("the drain pod's node")?;
+    let cordoned = Cordoned::new(&node)?;
+    let name = pod_names(SET, [2]).remove(0);
     let pods = ns.api::<Pod>();
-    wait_for(T, "a new drain pod for ordinal 2", || async {
-        Ok(pods
-            .get_opt(&pod_names(SET, [2]).remove(0))
-            .await?
-            .is_some_and(|p| {
-                is_drain_pod(&p) && p.metadata.uid.as_deref() != Some(first_uid.as_str())
+    pods.evict(&name, &EvictParams::default()).await?;
+    // A later drain pod of the same ordinal, on another node, finishes the job.
+    wait_for(
+        T,
+        "a new drain pod for ordinal 2 on another node",
+        || async {
+            Ok(pods.get_opt(&name).await?.is_some_and(|p| {
+                is_drain_pod(&p)
+                    && p.metadata.uid.as_deref() != Some(first_uid.as_str())
+                    && p.spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.as_deref())
+                        .is_some()
             }))
-    })
+        },
+    )
     .await?;
+    let second = pods.get(&name).await?;
+    let moved_to = second.spec.and_then(|s| s.node_name).unwrap_or_default();
+    ensure!(
+        moved_to != node,
+        "the new drain pod is on the cordoned node {node}"
+    );
+    drop(cordoned);
+    eprintln!("3 → 1: the evicted drain pod moved from {node} to {moved_to}");
     for ordinal in [2, 1] {
         wait_drained(&ns, ordinal).await?;
     }
@@ -547,7 +621,7 @@ async fn three_to_one_with_a_drain_pod_deleted_mid_migration_loses_nothing() -> 
     let (acked, refused) = stop_writer(&ns).await?;
     let read = assert_every_acked_write_readable(&ns, acked).await?;
     eprintln!(
-        "3 → 1, a drain pod deleted mid-migration: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
+        "3 → 1, a drain pod evicted mid-migration: {read} acknowledged writes all read back; {refused} refused ({acked} acknowledged)"
     );
     Ok(())
 }

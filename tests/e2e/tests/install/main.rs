@@ -310,6 +310,7 @@ const CLUSTER_WIDE_ALLOWED: &[&[&str]] = &[
     &["list", "persistentvolumes"],
     &["patch", "persistentvolumes"],
     &["get", "nodes"],
+    &["get", "controllerrevisions.apps", "-n", "default"],
 ];
 const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
     &["get", "secrets", "-n", "default"],
@@ -320,6 +321,7 @@ const CLUSTER_WIDE_DENIED: &[&[&str]] = &[
     &["list", "namespaces"],
     &["list", "nodes"],
     &["patch", "nodes"],
+    &["list", "controllerrevisions.apps", "-n", "default"],
 ];
 
 #[tokio::test]
