@@ -21,6 +21,7 @@
 //! | drain pod      | Failed                                         | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | stuck (cannot start, crash-looping)            | `RecordFailure` → `DeleteDrainPod` |
 //! | drain pod      | not finished, its node lost (not ready, gone)  | `Warn` (stuck), `DeleteDrainPod`; claims kept |
+//! | drain pod      | unschedulable: its volumes bound to a node it cannot use | `Warn` (blocked), kept; or replaced without the lost nodes it avoided |
 //! | drain pod      | not started, its claims gone or being deleted  | `DeleteDrainPod` (nothing to drain) |
 //! | drain pod      | not started, built from an older template      | `DeleteDrainPod` (replaced)     |
 //! | drain pod      | running past the deadline                      | `RecordFailure` → `DeleteDrainPod` |
@@ -514,6 +515,9 @@ impl<'a> Planner<'a> {
                     pod.name
                 ),
             });
+        }
+        if let Some(state) = self.node_bound(ord, pod, drain) {
+            return Some(state);
         }
         if let Some(state) = self.stuck_attempt(ord, pod, drain) {
             return Some(state);

@@ -365,6 +365,7 @@ fn withdrawn(name: &str, why: DeleteWhy) -> Vec<EventSpec> {
         | DeleteWhy::DeadlineExceeded
         | DeleteWhy::Stuck
         | DeleteWhy::Stalled
-        | DeleteWhy::NodeLost => Vec::new(),
+        | DeleteWhy::NodeLost
+        | DeleteWhy::NodeBound => Vec::new(),
     }
 }

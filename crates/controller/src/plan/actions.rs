@@ -45,6 +45,9 @@ pub enum DeleteWhy {
     /// Its node is lost: asked to stop, so that the pod goes as soon as the node is deleted or
     /// declared out of service, whatever taints its template tolerates.
     NodeLost,
+    /// It had not started, its volume can only be used on a node lost earlier, which it was
+    /// kept off: replaced by one that may go there.
+    NodeBound,
 }
 
 /// What kind of failed attempt is counted.

@@ -115,6 +115,67 @@ impl Planner<'_> {
     }
 }
 
+/// What the scheduler says of a pod whose volumes may only be used on nodes it cannot run on.
+const VOLUME_NODE_AFFINITY: &str = "volume node affinity conflict";
+
+impl Planner<'_> {
+    /// The state of a drain pod that cannot be scheduled because its claims' volumes are bound
+    /// to a node it cannot run on (`local` volumes, whose data cannot move), if it is: `blocked`
+    /// and warned once, never deleted nor counted as an attempt; the scheduler starts it when
+    /// that node is back. When the ordinal keeps lost nodes off its drain pods, the node the
+    /// volumes need may be one of them: the record is cleared and the pod, which has not
+    /// started, replaced by one that may go there.
+    pub(super) fn node_bound(
+        &mut self,
+        ord: &Ordinal<'_>,
+        pod: &PodObs,
+        drain: &DrainPod,
+    ) -> Option<OrdinalState> {
+        let blocker = drain.blocker.as_ref().filter(|b| {
+            !drain.started
+                && b.reason == "Unschedulable"
+                && b.message.contains(VOLUME_NODE_AFFINITY)
+        })?;
+        if !ord.record.lost_nodes.is_empty() {
+            if !ord.live.is_empty() {
+                self.act(Action::RecordLostNodes {
+                    ordinal: ord.ordinal,
+                    claims: ord.live_refs(),
+                    nodes: Vec::new(),
+                });
+            }
+            if !pod.terminating {
+                self.act(delete_unfinished(
+                    ord,
+                    pod,
+                    drain,
+                    DeleteWhy::NodeBound,
+                    true,
+                ));
+            }
+            return Some(OrdinalState::Waiting {
+                reason: format!(
+                    "drain pod {} cannot be scheduled: its volumes can only be used on a node \
+                     it was kept off ({} lost there earlier): replacing it by one that may go \
+                     there",
+                    pod.name,
+                    ord.record.lost_nodes.join(", ")
+                ),
+            });
+        }
+        let state = OrdinalState::Blocked {
+            reason: format!(
+                "drain pod {} cannot be scheduled: its claims' volumes can only be used on a \
+                 node it cannot run on ({}). The data cannot move: the drain starts when that \
+                 node is back; the claims are kept (if the node is gone for good, so is its \
+                 data: delete the claims yourself once you gave it up)",
+                pod.name, blocker.message
+            ),
+        };
+        Some(self.told(ord, state, "DrainNodeBound"))
+    }
+}
+
 /// How long a node must have been ready again before a drain starts on the volumes of a pod
 /// removed while it was not: a kubelet that comes back kills the containers of pods no longer
 /// in the API within seconds (a housekeeping pass every 2 s, a 1 s grace period).

@@ -450,3 +450,116 @@ fn a_new_drain_pod_is_kept_off_every_node_an_earlier_one_was_lost_on() {
         p.actions
     );
 }
+
+// ---- data bound to a node: `local` volumes -----------------------------------------------
+
+const BOUND: &str = "0/3 nodes are available: 1 node(s) had untolerated taint \
+     {node.kubernetes.io/unreachable: }, 2 node(s) had volume node affinity conflict.";
+
+/// A drain pod the scheduler cannot place: its volume may only be used on another node.
+fn unschedulable(c: &Claim, message: &str, created: i64) -> PodObs {
+    let mut pod = drain_pod(2, DrainPhase::Pending, &[c]);
+    let drain = drain_of(&mut pod);
+    drain.blocker = Some(Blocker {
+        reason: "Unschedulable".into(),
+        message: message.into(),
+        definitive: false,
+    });
+    drain.created_at = Some(t(created));
+    drain.ready = false;
+    pod
+}
+
+#[test]
+fn a_drain_pod_whose_volume_is_bound_to_a_node_it_cannot_use_is_blocked_never_deleted_nor_counted()
+{
+    let c = with_record(claim("data", 2), running_record(2));
+    let mut limited = settings();
+    limited.max_attempts = Some(1);
+    limited.deadline = Some(Duration::from_secs(600));
+    // Long past the stuck time and the deadline: still never deleted nor counted.
+    let s = snap(2, vec![c.clone()], vec![unschedulable(&c, BOUND, -7200)]);
+    let p = plan(&s, &limited, t(0));
+    let Some(OrdinalState::Blocked { reason }) = p.status.get(&2) else {
+        panic!("{:?}", p.status)
+    };
+    for said in ["web-2", "volume node affinity conflict", "claims are kept"] {
+        assert!(reason.contains(said), "{said}: {reason}");
+    }
+    assert!(
+        matches!(
+            p.actions.as_slice(),
+            [Action::Warn {
+                reason: "DrainNodeBound",
+                ..
+            }]
+        ),
+        "{:?}",
+        p.actions
+    );
+    let mut again = s.clone();
+    again.previous = p.status.clone();
+    let p = plan(&again, &limited, t(600));
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(matches!(
+        p.status.get(&2),
+        Some(OrdinalState::Blocked { .. })
+    ));
+}
+
+#[test]
+fn a_pod_unschedulable_for_another_reason_is_still_a_stuck_attempt() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let other = "0/3 nodes are available: 3 Insufficient cpu.";
+    let p = plan(
+        &snap(2, vec![c.clone()], vec![unschedulable(&c, other, -400)]),
+        &settings(),
+        t(0),
+    );
+    assert!(
+        p.actions.contains(&stop_pod(2, DeleteWhy::Stuck)),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_node_bound_drain_pod_kept_off_a_lost_node_is_replaced_without_the_avoidance() {
+    let mut c = with_record(claim("data", 2), running_record(2));
+    c.record.lost_nodes = vec!["n1".to_owned()];
+    let p = plan(
+        &snap(2, vec![c.clone()], vec![unschedulable(&c, BOUND, -10)]),
+        &settings(),
+        t(0),
+    );
+    assert_eq!(
+        p.actions,
+        vec![
+            Action::RecordLostNodes {
+                ordinal: 2,
+                claims: refs(&[&c]),
+                nodes: Vec::new(),
+            },
+            stop_pod(2, DeleteWhy::NodeBound),
+        ]
+    );
+    assert!(matches!(
+        p.status.get(&2),
+        Some(OrdinalState::Waiting { .. })
+    ));
+    // The next drain pod, once the replaced one is gone and counted, may go anywhere, the
+    // lost node included.
+    c.record.lost_nodes.clear();
+    c.record.counted_pod_uid = c.record.pod_uid.clone();
+    c.record.attempts = 1;
+    c.record.retry_after = Some(t(30));
+    let p = plan(&snap(2, vec![c], vec![]), &settings(), t(60));
+    assert!(
+        p.actions.iter().any(|a| matches!(
+            a,
+            Action::CreateDrainPod { avoid_nodes, .. } if avoid_nodes.is_empty()
+        )),
+        "{:?}",
+        p.actions
+    );
+}
