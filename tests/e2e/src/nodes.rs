@@ -179,6 +179,18 @@ pub fn datastore(
     replicas: u32,
     tolerate_all: bool,
 ) -> Result<()> {
+    datastore_with(ns, placement, drain_nodes, replicas, tolerate_all, &[])
+}
+
+/// [`datastore`], with further edits of the example's manifest.
+pub fn datastore_with(
+    ns: &TestNamespace,
+    placement: &str,
+    drain_nodes: Option<&[String]>,
+    replicas: u32,
+    tolerate_all: bool,
+    more: &[(&str, &str)],
+) -> Result<()> {
     let tolerations = if tolerate_all {
         r#""tolerations": [{"operator": "Exists"}],"#
     } else {
@@ -218,9 +230,9 @@ pub fn datastore(
         }
         None => edits.push((account.to_owned(), format!("{account}{tolerations}"))),
     }
-    let edits: Vec<(&str, &str)> = edits
-        .iter()
+    let edits: Vec<(&str, &str)> = (edits.iter())
         .map(|(a, b)| (a.as_str(), b.as_str()))
+        .chain(more.iter().copied())
         .collect();
     apply_example(ns, &edits)
 }

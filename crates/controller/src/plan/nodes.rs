@@ -115,8 +115,12 @@ impl Planner<'_> {
     }
 }
 
-/// What the scheduler says of a pod whose volumes may only be used on nodes it cannot run on.
-const VOLUME_NODE_AFFINITY: &str = "volume node affinity conflict";
+/// What the scheduler says of a pod whose volumes may only be used on nodes it cannot run on
+/// (the volume binding plugin's words in Kubernetes 1.36, and in older versions).
+const VOLUME_NODE_AFFINITY: [&str; 2] = [
+    "didn't match PersistentVolume's node affinity",
+    "volume node affinity conflict",
+];
 
 impl Planner<'_> {
     /// The state of a drain pod that cannot be scheduled because its claims' volumes are bound
@@ -134,7 +138,7 @@ impl Planner<'_> {
         let blocker = drain.blocker.as_ref().filter(|b| {
             !drain.started
                 && b.reason == "Unschedulable"
-                && b.message.contains(VOLUME_NODE_AFFINITY)
+                && VOLUME_NODE_AFFINITY.iter().any(|m| b.message.contains(m))
         })?;
         if !ord.record.lost_nodes.is_empty() {
             if !ord.live.is_empty() {

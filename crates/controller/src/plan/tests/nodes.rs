@@ -453,8 +453,11 @@ fn a_new_drain_pod_is_kept_off_every_node_an_earlier_one_was_lost_on() {
 
 // ---- data bound to a node: `local` volumes -----------------------------------------------
 
-const BOUND: &str = "0/3 nodes are available: 1 node(s) had untolerated taint \
-     {node.kubernetes.io/unreachable: }, 2 node(s) had volume node affinity conflict.";
+/// What Kubernetes 1.36's scheduler says (seen on the local cluster).
+const BOUND: &str = "0/3 nodes are available: 1 node(s) didn't match Pod's node \
+     affinity/selector, 2 node(s) didn't match PersistentVolume's node affinity. no new claims \
+     to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for \
+     scheduling.";
 
 /// A drain pod the scheduler cannot place: its volume may only be used on another node.
 fn unschedulable(c: &Claim, message: &str, created: i64) -> PodObs {
@@ -483,7 +486,11 @@ fn a_drain_pod_whose_volume_is_bound_to_a_node_it_cannot_use_is_blocked_never_de
     let Some(OrdinalState::Blocked { reason }) = p.status.get(&2) else {
         panic!("{:?}", p.status)
     };
-    for said in ["web-2", "volume node affinity conflict", "claims are kept"] {
+    for said in [
+        "web-2",
+        "PersistentVolume's node affinity",
+        "claims are kept",
+    ] {
         assert!(reason.contains(said), "{said}: {reason}");
     }
     assert!(
@@ -501,6 +508,21 @@ fn a_drain_pod_whose_volume_is_bound_to_a_node_it_cannot_use_is_blocked_never_de
     again.previous = p.status.clone();
     let p = plan(&again, &limited, t(600));
     assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(matches!(
+        p.status.get(&2),
+        Some(OrdinalState::Blocked { .. })
+    ));
+}
+
+#[test]
+fn the_older_schedulers_words_for_it_are_known_too() {
+    let c = with_record(claim("data", 2), running_record(2));
+    let older = "0/3 nodes are available: 3 node(s) had volume node affinity conflict.";
+    let p = plan(
+        &snap(2, vec![c.clone()], vec![unschedulable(&c, older, -7200)]),
+        &settings(),
+        t(0),
+    );
     assert!(matches!(
         p.status.get(&2),
         Some(OrdinalState::Blocked { .. })
