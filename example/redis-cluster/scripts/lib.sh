@@ -40,9 +40,20 @@ start_redis() {
   done
 }
 
-# Stops the local redis-server and waits for it.
+# Stops the local redis-server and waits for it. Redis refuses to stop while it writes its first
+# append-only file (right after a full sync as a replica: "Writing initial AOF, can't exit"), so
+# it is asked again, every half second, until it no longer answers; after a minute it is killed.
 stop_redis() {
-  cli shutdown nosave >/dev/null 2>&1 || kill -TERM "$REDIS_PID" 2>/dev/null
+  tries=0
+  while cli ping >/dev/null 2>&1 && [ "$tries" -lt 120 ]; do
+    cli shutdown nosave >/dev/null 2>&1 || kill -TERM "$REDIS_PID" 2>/dev/null
+    tries=$((tries + 1))
+    sleep 0.5
+  done
+  if cli ping >/dev/null 2>&1; then
+    log "redis-server does not stop: killing it"
+    kill -KILL "$REDIS_PID" 2>/dev/null
+  fi
   wait "$REDIS_PID" 2>/dev/null || true
 }
 
