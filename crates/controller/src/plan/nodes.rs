@@ -141,13 +141,9 @@ impl Planner<'_> {
                 && VOLUME_NODE_AFFINITY.iter().any(|m| b.message.contains(m))
         })?;
         if !ord.record.lost_nodes.is_empty() {
-            if !ord.live.is_empty() {
-                self.act(Action::RecordLostNodes {
-                    ordinal: ord.ordinal,
-                    claims: ord.live_refs(),
-                    nodes: Vec::new(),
-                });
-            }
+            // The pod goes before the record is cleared: a crash in between leaves the record,
+            // so the next pod (made with the avoidance again) is replaced the same way; cleared
+            // first, a crash would leave this pod, which can never be placed, blocked for ever.
             if !pod.terminating {
                 self.act(delete_unfinished(
                     ord,
@@ -156,6 +152,13 @@ impl Planner<'_> {
                     DeleteWhy::NodeBound,
                     true,
                 ));
+            }
+            if !ord.live.is_empty() {
+                self.act(Action::RecordLostNodes {
+                    ordinal: ord.ordinal,
+                    claims: ord.live_refs(),
+                    nodes: Vec::new(),
+                });
             }
             return Some(OrdinalState::Waiting {
                 reason: format!(

@@ -557,12 +557,12 @@ fn a_node_bound_drain_pod_kept_off_a_lost_node_is_replaced_without_the_avoidance
     assert_eq!(
         p.actions,
         vec![
+            stop_pod(2, DeleteWhy::NodeBound),
             Action::RecordLostNodes {
                 ordinal: 2,
                 claims: refs(&[&c]),
                 nodes: Vec::new(),
             },
-            stop_pod(2, DeleteWhy::NodeBound),
         ]
     );
     assert!(matches!(
